@@ -1,0 +1,302 @@
+/* codec/section.c - encode and decode one section (K or V of one layer)
+ * between a strided [token][head][dim] view and its packed bytes. The byte
+ * layout of each format is specified in serde/FORMAT.md section 4. */
+#include <math.h>
+
+#include "codec_internal.h"
+#include "kvt_internal.h"
+
+static uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+static int kivi(const kvt_codec_spec *spec, const kvt_section_shape *s) {
+  return !s->is_value && spec->k_axis == KVT_AXIS_TOKEN;
+}
+
+static uint64_t n_scales(const kvt_codec_spec *spec, const kvt_section_shape *s) {
+  switch (spec->scale) {
+  case KVT_SCALE_BLOCK:
+    return div_up(s->tokens, spec->block) * s->heads;
+  case KVT_SCALE_LAYER:
+    return 1;
+  default:
+    return (uint64_t)s->tokens * s->heads;
+  }
+}
+
+static uint64_t n_i4_groups(const kvt_codec_spec *spec, const kvt_section_shape *s) {
+  if (kivi(spec, s))
+    return div_up(s->tokens, spec->group) * s->heads * s->head_dim;
+  return (uint64_t)s->tokens * s->heads * (s->head_dim / spec->group);
+}
+
+uint64_t kvt_section_bytes(const kvt_codec_spec *spec, const kvt_section_shape *s) {
+  uint64_t n = (uint64_t)s->tokens * s->heads * s->head_dim;
+  switch (s->fmt) {
+  case KVT_FMT_N16:
+    return 2 * n;
+  case KVT_FMT_E4M3:
+  case KVT_FMT_I8:
+    return kvt_align_up(4 * n_scales(spec, s), 16) + n;
+  case KVT_FMT_I4:
+    if (s->head_dim % 2 || spec->group < 2 ||
+        (!kivi(spec, s) && s->head_dim % spec->group))
+      return 0;
+    return kvt_align_up(4 * n_i4_groups(spec, s), 16) + n / 2;
+  default:
+    return 0;
+  }
+}
+
+static const char *kv_name(const kvt_section_shape *s) { return s->is_value ? "V" : "K"; }
+
+static int fail_nonfinite(kvt_ctx *ctx, const kvt_section_shape *s, uint32_t t,
+                          uint32_t h, const kvt_section_src *src, size_t d) {
+  const uint16_t *row = src->base + (int64_t)t * src->stride_t + (int64_t)h * src->stride_h;
+  float x = kvt_h2f(row[d], s->dtype);
+  return kvt_fail(ctx, KVT_ENONFINITE, "%s layer %u token %u head %u dim %zu is %s",
+                  kv_name(s), s->layer, t, h, d, isnan(x) ? "NaN" : "Inf");
+}
+
+static inline const uint16_t *row_at(const kvt_section_src *src, uint32_t t, uint32_t h) {
+  return src->base + (int64_t)t * src->stride_t + (int64_t)h * src->stride_h;
+}
+
+/* Largest |x| over tokens [t0, t1) of one head, or over all heads if h1 > h0+1. */
+static int amax_span(kvt_ctx *ctx, const kvt_kernels *k, const kvt_section_shape *s,
+                     const kvt_section_src *src, uint32_t t0, uint32_t t1, uint32_t h0,
+                     uint32_t h1, float *out) {
+  float m = 0.0f;
+  for (uint32_t t = t0; t < t1; t++)
+    for (uint32_t h = h0; h < h1; h++) {
+      float a;
+      size_t r = k->amax(row_at(src, t, h), s->head_dim, s->dtype, &a);
+      if (r != s->head_dim)
+        return fail_nonfinite(ctx, s, t, h, src, r);
+      m = a > m ? a : m;
+    }
+  *out = m;
+  return 0;
+}
+
+static int encode_scaled(kvt_ctx *ctx, const kvt_kernels *k, const kvt_codec_spec *spec,
+                         const kvt_section_shape *s, const kvt_section_src *src,
+                         uint8_t *dst) {
+  const uint32_t T = s->tokens, H = s->heads, D = s->head_dim;
+  const int e4m3 = s->fmt == KVT_FMT_E4M3;
+  uint8_t *scales = dst;
+  uint8_t *codes = dst + kvt_align_up(4 * n_scales(spec, s), 16);
+  memset(scales, 0, codes - scales);
+  uint32_t span = spec->scale == KVT_SCALE_TOKEN ? 1
+                  : spec->scale == KVT_SCALE_BLOCK ? spec->block
+                                                   : T;
+  int per_head = spec->scale != KVT_SCALE_LAYER;
+  uint32_t si = 0;
+  for (uint32_t t0 = 0; t0 < T; t0 += span) {
+    uint32_t t1 = t0 + span < T ? t0 + span : T;
+    for (uint32_t h = 0; h < (per_head ? H : 1); h++, si++) {
+      uint32_t h0 = per_head ? h : 0, h1 = per_head ? h + 1 : H;
+      float amax = 0.0f, scale, inv;
+      int rc = amax_span(ctx, k, s, src, t0, t1, h0, h1, &amax);
+      if (rc)
+        return rc;
+      if (e4m3)
+        kvt_e4m3_scale(amax, &scale, &inv);
+      else
+        kvt_i8_scale(amax, &scale, &inv);
+      uint32_t bits;
+      memcpy(&bits, &scale, 4);
+      kvt_st32(scales + 4 * (size_t)si, bits);
+      for (uint32_t t = t0; t < t1; t++)
+        for (uint32_t hh = h0; hh < h1; hh++) {
+          uint8_t *out = codes + ((size_t)t * H + hh) * D;
+          if (e4m3)
+            k->q_e4m3(row_at(src, t, hh), D, s->dtype, inv, out);
+          else
+            k->q_i8(row_at(src, t, hh), D, s->dtype, inv, (int8_t *)out);
+        }
+    }
+  }
+  return 0;
+}
+
+static int fail_range(kvt_ctx *ctx, const kvt_section_shape *s, uint32_t t, uint32_t h,
+                      float mn, float mx) {
+  return kvt_fail(ctx, KVT_ERANGE,
+                  "%s layer %u token %u head %u: range [%g, %g] does not fit the fp16 "
+                  "scale and zero of i4 (|x| must stay below 65504)",
+                  kv_name(s), s->layer, t, h, mn, mx);
+}
+
+static int encode_i4_dim(kvt_ctx *ctx, const kvt_kernels *k, const kvt_codec_spec *spec,
+                         const kvt_section_shape *s, const kvt_section_src *src,
+                         uint8_t *dst) {
+  const uint32_t T = s->tokens, H = s->heads, D = s->head_dim, G = spec->group;
+  uint8_t *params = dst;
+  uint8_t *codes = dst + kvt_align_up(4 * n_i4_groups(spec, s), 16);
+  memset(params, 0, codes - params);
+  for (uint32_t t = 0; t < T; t++)
+    for (uint32_t h = 0; h < H; h++) {
+      const uint16_t *row = row_at(src, t, h);
+      size_t base = ((size_t)t * H + h) * D;
+      for (uint32_t g = 0; g < D; g += G) {
+        float mn, mx, scale, zero, inv;
+        uint16_t sh, zh;
+        size_t r = k->minmax(row + g, G, s->dtype, &mn, &mx);
+        if (r != G)
+          return fail_nonfinite(ctx, s, t, h, src, g + r);
+        if (kvt_i4_params(mn, mx, &sh, &zh, &scale, &zero, &inv))
+          return fail_range(ctx, s, t, h, mn, mx);
+        uint8_t *p = params + 4 * ((base + g) / G);
+        kvt_st16(p, sh);
+        kvt_st16(p + 2, zh);
+        k->q_i4(row + g, G, s->dtype, zero, inv, codes + (base + g) / 2);
+      }
+    }
+  return 0;
+}
+
+static int encode_i4_tok(kvt_ctx *ctx, const kvt_kernels *k, const kvt_codec_spec *spec,
+                         const kvt_section_shape *s, const kvt_section_src *src,
+                         uint8_t *dst) {
+  const uint32_t T = s->tokens, H = s->heads, D = s->head_dim, G = spec->group;
+  uint8_t *params = dst;
+  uint8_t *codes = dst + kvt_align_up(4 * n_i4_groups(spec, s), 16);
+  memset(params, 0, codes - params);
+  float mn[KVT_MAX_HEAD_DIM_INTERNAL], mx[KVT_MAX_HEAD_DIM_INTERNAL];
+  float zero[KVT_MAX_HEAD_DIM_INTERNAL], inv[KVT_MAX_HEAD_DIM_INTERNAL];
+  for (uint32_t t0 = 0; t0 < T; t0 += G) {
+    uint32_t t1 = t0 + G < T ? t0 + G : T;
+    for (uint32_t h = 0; h < H; h++) {
+      for (uint32_t d = 0; d < D; d++) {
+        mn[d] = INFINITY;
+        mx[d] = -INFINITY;
+      }
+      for (uint32_t t = t0; t < t1; t++) {
+        size_t r = k->minmax_acc(row_at(src, t, h), D, s->dtype, mn, mx);
+        if (r != D)
+          return fail_nonfinite(ctx, s, t, h, src, r);
+      }
+      uint8_t *p = params + 4 * (((size_t)(t0 / G) * H + h) * D);
+      for (uint32_t d = 0; d < D; d++) {
+        float scale;
+        uint16_t sh, zh;
+        if (kvt_i4_params(mn[d], mx[d], &sh, &zh, &scale, &zero[d], &inv[d]))
+          return fail_range(ctx, s, t0, h, mn[d], mx[d]);
+        kvt_st16(p + 4 * d, sh);
+        kvt_st16(p + 4 * d + 2, zh);
+      }
+      for (uint32_t t = t0; t < t1; t++)
+        k->q_i4_chan(row_at(src, t, h), D, s->dtype, zero, inv,
+                     codes + ((size_t)t * H + h) * D / 2);
+    }
+  }
+  return 0;
+}
+
+int kvt_section_encode(kvt_ctx *ctx, const kvt_codec_spec *spec,
+                       const kvt_section_shape *s, const kvt_section_src *src,
+                       uint8_t *dst) {
+  const kvt_kernels *k = kvt_kernels_for(ctx);
+  switch (s->fmt) {
+  case KVT_FMT_N16:
+    for (uint32_t t = 0; t < s->tokens; t++)
+      for (uint32_t h = 0; h < s->heads; h++)
+        memcpy(dst + 2 * ((size_t)t * s->heads + h) * s->head_dim, row_at(src, t, h),
+               2 * (size_t)s->head_dim);
+    return 0;
+  case KVT_FMT_E4M3:
+  case KVT_FMT_I8:
+    return encode_scaled(ctx, k, spec, s, src, dst);
+  case KVT_FMT_I4:
+    return kivi(spec, s) ? encode_i4_tok(ctx, k, spec, s, src, dst)
+                         : encode_i4_dim(ctx, k, spec, s, src, dst);
+  default:
+    return kvt_fail(ctx, KVT_ESPEC, "unknown format %d", s->fmt);
+  }
+}
+
+static float ld_f32(const uint8_t *p) {
+  uint32_t u = kvt_ld32(p);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static void decode_scaled(const kvt_kernels *k, const kvt_codec_spec *spec,
+                          const kvt_section_shape *s, const uint8_t *src, uint16_t *base,
+                          int64_t st, int64_t sh) {
+  const uint32_t T = s->tokens, H = s->heads, D = s->head_dim;
+  const uint8_t *codes = src + kvt_align_up(4 * n_scales(spec, s), 16);
+  for (uint32_t t = 0; t < T; t++)
+    for (uint32_t h = 0; h < H; h++) {
+      size_t si = spec->scale == KVT_SCALE_TOKEN   ? (size_t)t * H + h
+                  : spec->scale == KVT_SCALE_BLOCK ? (size_t)(t / spec->block) * H + h
+                                                   : 0;
+      float scale = ld_f32(src + 4 * si);
+      const uint8_t *in = codes + ((size_t)t * H + h) * D;
+      uint16_t *out = base + (int64_t)t * st + (int64_t)h * sh;
+      if (s->fmt == KVT_FMT_E4M3)
+        k->dq_e4m3(in, D, scale, s->dtype, out);
+      else
+        k->dq_i8((const int8_t *)in, D, scale, s->dtype, out);
+    }
+}
+
+static void decode_i4(const kvt_kernels *k, const kvt_codec_spec *spec,
+                      const kvt_section_shape *s, const uint8_t *src, uint16_t *base,
+                      int64_t st, int64_t sh) {
+  const uint32_t T = s->tokens, H = s->heads, D = s->head_dim, G = spec->group;
+  const uint8_t *params = src;
+  const uint8_t *codes = src + kvt_align_up(4 * n_i4_groups(spec, s), 16);
+  if (!kivi(spec, s)) {
+    for (uint32_t t = 0; t < T; t++)
+      for (uint32_t h = 0; h < H; h++) {
+        size_t b = ((size_t)t * H + h) * D;
+        uint16_t *out = base + (int64_t)t * st + (int64_t)h * sh;
+        for (uint32_t g = 0; g < D; g += G) {
+          const uint8_t *p = params + 4 * ((b + g) / G);
+          k->dq_i4(codes + (b + g) / 2, G, kvt_f16_to_f32(kvt_ld16(p)),
+                   kvt_f16_to_f32(kvt_ld16(p + 2)), s->dtype, out + g);
+        }
+      }
+    return;
+  }
+  float scale[KVT_MAX_HEAD_DIM_INTERNAL], zero[KVT_MAX_HEAD_DIM_INTERNAL];
+  for (uint32_t t0 = 0; t0 < T; t0 += G) {
+    uint32_t t1 = t0 + G < T ? t0 + G : T;
+    for (uint32_t h = 0; h < H; h++) {
+      const uint8_t *p = params + 4 * (((size_t)(t0 / G) * H + h) * D);
+      for (uint32_t d = 0; d < D; d++) {
+        scale[d] = kvt_f16_to_f32(kvt_ld16(p + 4 * d));
+        zero[d] = kvt_f16_to_f32(kvt_ld16(p + 4 * d + 2));
+      }
+      for (uint32_t t = t0; t < t1; t++)
+        k->dq_i4_chan(codes + ((size_t)t * H + h) * D / 2, D, scale, zero, s->dtype,
+                      base + (int64_t)t * st + (int64_t)h * sh);
+    }
+  }
+}
+
+void kvt_section_decode(kvt_ctx *ctx, const kvt_codec_spec *spec,
+                        const kvt_section_shape *s, const uint8_t *src, uint16_t *base,
+                        int64_t stride_t, int64_t stride_h) {
+  const kvt_kernels *k = kvt_kernels_for(ctx);
+  switch (s->fmt) {
+  case KVT_FMT_N16:
+    for (uint32_t t = 0; t < s->tokens; t++)
+      for (uint32_t h = 0; h < s->heads; h++)
+        memcpy(base + (int64_t)t * stride_t + (int64_t)h * stride_h,
+               src + 2 * ((size_t)t * s->heads + h) * s->head_dim,
+               2 * (size_t)s->head_dim);
+    return;
+  case KVT_FMT_E4M3:
+  case KVT_FMT_I8:
+    decode_scaled(k, spec, s, src, base, stride_t, stride_h);
+    return;
+  case KVT_FMT_I4:
+    decode_i4(k, spec, s, src, base, stride_t, stride_h);
+    return;
+  default:
+    return;
+  }
+}

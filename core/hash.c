@@ -1,0 +1,47 @@
+/* core/hash.c - XXH3 wrappers. The hash comes from the system's xxHash
+ * (Debian's libxxhash-dev) used header-only, so no link dependency; XXH3 is
+ * stable across xxHash releases since 0.8.0, which payload checksums and
+ * chunk keys rely on. */
+#define XXH_INLINE_ALL
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+#include "kvt_internal.h"
+
+_Static_assert(sizeof(XXH3_state_t) <= sizeof(((kvt_hash128_stream *)0)->opaque),
+               "kvt_hash128_stream too small for XXH3_state_t");
+_Static_assert(_Alignof(XXH3_state_t) <= 64, "XXH3_state_t alignment");
+
+uint64_t kvt_hash64(const void *data, size_t len) {
+  return (uint64_t)XXH3_64bits(data, len);
+}
+
+uint64_t kvt_hash64_2(const void *a, size_t na, const void *b, size_t nb) {
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  XXH3_64bits_update(&st, a, na);
+  XXH3_64bits_update(&st, b, nb);
+  return (uint64_t)XXH3_64bits_digest(&st);
+}
+
+static void put128(XXH128_hash_t h, uint8_t out[16]) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, h); /* big-endian high then low */
+  memcpy(out, c.digest, 16);
+}
+
+void kvt_hash128(const void *data, size_t len, uint8_t out[16]) {
+  put128(XXH3_128bits(data, len), out);
+}
+
+void kvt_hash128_begin(kvt_hash128_stream *s) {
+  XXH3_128bits_reset((XXH3_state_t *)(void *)s->opaque);
+}
+
+void kvt_hash128_update(kvt_hash128_stream *s, const void *data, size_t len) {
+  XXH3_128bits_update((XXH3_state_t *)(void *)s->opaque, data, len);
+}
+
+void kvt_hash128_end(kvt_hash128_stream *s, uint8_t out[16]) {
+  put128(XXH3_128bits_digest((XXH3_state_t *)(void *)s->opaque), out);
+}

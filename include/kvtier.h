@@ -1,0 +1,17 @@
+/* kvtier.h - the whole public API of kvtier.
+ *
+ *   kvtier/core.h     context, allocator hooks, logging, errors, versions
+ *   kvtier/codec.h    K/V formats, codec specs, strided KV views
+ *   kvtier/key.h      model fingerprints and chained chunk keys
+ *   kvtier/payload.h  encode, validate and decode payloads
+ *
+ * Compiles as C (C99 or later) and C++; includes no CUDA header. */
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include "kvtier/core.h"
+#include "kvtier/codec.h"
+#include "kvtier/key.h"
+#include "kvtier/payload.h"
+
+#endif

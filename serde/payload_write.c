@@ -1,0 +1,198 @@
+/* serde/payload_write.c - kvt_encode: a strided K/V view in, one payload out.
+ * Sections are encoded straight into the destination; only the lossless
+ * stage stages a section in scratch first. */
+#include <errno.h>
+
+#include "serde_internal.h"
+
+uint64_t kvt_header_checksum(const uint8_t *hdr, size_t header_size) {
+  /* The fixed part with a zeroed checksum field, then the section table. */
+  uint8_t fixed[HDR_FIXED];
+  memcpy(fixed, hdr, HDR_FIXED);
+  memset(fixed + H_CHECKSUM, 0, 8);
+  return kvt_hash64_2(fixed, HDR_FIXED, hdr + HDR_FIXED, header_size - HDR_FIXED);
+}
+
+static int check_view(kvt_ctx *ctx, const kvt_codec_spec *spec, const kvt_kv_view *v,
+                      uint32_t layer_begin, uint32_t model_layers) {
+  if (!v || !v->k || !v->v)
+    return kvt_fail(ctx, KVT_ESHAPE, "view has no K or V pointer");
+  if (v->dtype != KVT_DTYPE_BF16 && v->dtype != KVT_DTYPE_F16)
+    return kvt_fail(ctx, KVT_ESHAPE, "dtype %d: must be bf16 or fp16", v->dtype);
+  if (!v->layers || !v->tokens || !v->heads || !v->head_dim)
+    return kvt_fail(ctx, KVT_ESHAPE, "shape %ux%ux%ux%u has a zero dimension", v->layers,
+                    v->tokens, v->heads, v->head_dim);
+  if (v->tokens > KVT_MAX_TOKENS || v->heads > KVT_MAX_HEADS ||
+      v->head_dim > KVT_MAX_HEAD_DIM)
+    return kvt_fail(ctx, KVT_ETOOBIG, "tokens %u, heads %u, head_dim %u: limits are %u, %u, %u",
+                    v->tokens, v->heads, v->head_dim, KVT_MAX_TOKENS, KVT_MAX_HEADS,
+                    KVT_MAX_HEAD_DIM);
+  if (model_layers > KVT_MAX_LAYERS || (uint64_t)layer_begin + v->layers > model_layers)
+    return kvt_fail(ctx, KVT_ESHAPE, "layers %u..%u do not fit a model of %u layers (max %u)",
+                    layer_begin, layer_begin + v->layers, model_layers, KVT_MAX_LAYERS);
+  int i4 = spec->k_fmt == KVT_FMT_I4 || spec->v_fmt == KVT_FMT_I4;
+  if (i4 && v->head_dim % 2)
+    return kvt_fail(ctx, KVT_ESHAPE, "i4 needs an even head_dim, not %u", v->head_dim);
+  int dim_groups = spec->v_fmt == KVT_FMT_I4 ||
+                   (spec->k_fmt == KVT_FMT_I4 && spec->k_axis == KVT_AXIS_DIM);
+  if (dim_groups && v->head_dim % spec->group)
+    return kvt_fail(ctx, KVT_ESHAPE, "i4 group %u does not divide head_dim %u", spec->group,
+                    v->head_dim);
+  return 0;
+}
+
+static void section_shape(const kvt_codec_spec *spec, const kvt_kv_view *v, uint32_t layer,
+                          int is_value, kvt_section_shape *s) {
+  s->fmt = kvt_codec_layer_fmt(spec, layer, is_value);
+  s->dtype = v->dtype;
+  s->is_value = is_value;
+  s->layer = layer;
+  s->tokens = v->tokens;
+  s->heads = v->heads;
+  s->head_dim = v->head_dim;
+}
+
+int kvt_encode_bound(const kvt_codec_spec *spec, uint32_t layers, uint32_t tokens,
+                     uint32_t heads, uint32_t head_dim, uint64_t *out) {
+  if (kvt_codec_validate(NULL, spec))
+    return KVT_ESPEC;
+  kvt_kv_view v;
+  static uint16_t dummy;
+  kvt_kv_view_dense(&v, &dummy, &dummy, KVT_DTYPE_BF16, layers, tokens, heads, head_dim);
+  /* The bound does not depend on which layers these are, but raw= layers do
+   * change sizes: assume the view starts at layer 0. */
+  int rc = check_view(NULL, spec, &v, 0, layers);
+  if (rc)
+    return rc;
+  uint64_t total = kvt_header_size(2 * layers);
+  for (uint32_t l = 0; l < layers; l++)
+    for (int kv = 0; kv < 2; kv++) {
+      kvt_section_shape s;
+      section_shape(spec, &v, l, kv, &s);
+      total = kvt_align_up(total, SEC_ALIGN) + kvt_section_bytes(spec, &s);
+    }
+  if (total > KVT_PAYLOAD_MAX)
+    return KVT_ETOOBIG;
+  *out = total;
+  return 0;
+}
+
+static int put_section(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_section_shape *s,
+                       const kvt_section_src *src, uint8_t *dst, size_t cap, uint64_t *off,
+                       uint8_t *entry) {
+  uint64_t raw = kvt_section_bytes(&p->spec, s);
+  uint64_t start = kvt_align_up(*off, SEC_ALIGN);
+  if (start + raw > cap)
+    return kvt_fail(ctx, KVT_ENOBUFS, "payload needs more than the %zu bytes given", cap);
+  memset(dst + *off, 0, start - *off); /* padding is zero, and verified so */
+  uint8_t *at = dst + start;
+  uint64_t stored = raw;
+  int comp = KVT_COMP_NONE, rc;
+  if (p->zstd_level > 0) {
+    uint8_t *tmp;
+    if ((rc = kvt_scratch_get(ctx, 0, raw, &tmp)) != 0 ||
+        (rc = kvt_section_encode(ctx, &p->spec, s, src, tmp)) != 0)
+      return rc;
+    size_t clen = 0, want = raw - raw * 3 / 100; /* must save at least 3% */
+    rc = kvt_lossless_compress(ctx, p->zstd_level, s->fmt == KVT_FMT_N16, tmp, raw, at,
+                               want, &clen);
+    if (rc)
+      return rc;
+    if (clen > 0 && clen < want) {
+      comp = s->fmt == KVT_FMT_N16 ? KVT_COMP_ZSTD_SHUFFLE16 : KVT_COMP_ZSTD;
+      stored = clen;
+    } else {
+      memcpy(at, tmp, raw);
+    }
+  } else if ((rc = kvt_section_encode(ctx, &p->spec, s, src, at)) != 0) {
+    return rc;
+  }
+  memset(entry, 0, SEC_ENTRY);
+  kvt_st32(entry + S_LAYER, s->layer);
+  entry[S_KIND] = (uint8_t)s->is_value;
+  entry[S_FMT] = (uint8_t)s->fmt;
+  entry[S_COMP] = (uint8_t)comp;
+  kvt_st64(entry + S_OFFSET, start);
+  kvt_st64(entry + S_STORED, stored);
+  kvt_st64(entry + S_RAW, raw);
+  kvt_st64(entry + S_CHECKSUM, kvt_hash64(at, stored));
+  *off = start + stored;
+  return 0;
+}
+
+static void put_header(const kvt_encode_params *p, const kvt_kv_view *v, uint8_t *dst,
+                       uint32_t model_layers, uint32_t nsec, uint64_t hsize, uint64_t size,
+                       uint32_t flags) {
+  memset(dst, 0, HDR_FIXED);
+  memcpy(dst + H_MAGIC, KVT_MAGIC, 8);
+  kvt_st16(dst + H_VMAJOR, KVT_FORMAT_VERSION);
+  kvt_st16(dst + H_VMINOR, KVT_FORMAT_MINOR);
+  kvt_st32(dst + H_HDRSIZE, (uint32_t)hsize);
+  kvt_st64(dst + H_SIZE, size);
+  kvt_st32(dst + H_FLAGS, flags);
+  kvt_st32(dst + H_NSEC, nsec);
+  memcpy(dst + H_KEY, p->key.bytes, 16);
+  memcpy(dst + H_FPRINT, p->fingerprint.bytes, 16);
+  dst[H_KFMT] = p->spec.k_fmt;
+  dst[H_VFMT] = p->spec.v_fmt;
+  dst[H_SCALE] = p->spec.scale;
+  dst[H_KAXIS] = p->spec.k_axis;
+  kvt_st16(dst + H_GROUP, p->spec.group);
+  kvt_st16(dst + H_BLOCK, p->spec.block);
+  dst[H_DTYPE] = (uint8_t)v->dtype;
+  kvt_st32(dst + H_MLAYERS, model_layers);
+  kvt_st32(dst + H_LBEGIN, p->layer_begin);
+  kvt_st32(dst + H_LCOUNT, v->layers);
+  kvt_st32(dst + H_TOKENS, v->tokens);
+  kvt_st32(dst + H_HEADS, v->heads);
+  kvt_st32(dst + H_HDIM, v->head_dim);
+  kvt_st32(dst + H_TBEGIN, p->token_begin);
+  memset(dst + HDR_FIXED + (size_t)SEC_ENTRY * nsec, 0,
+         hsize - HDR_FIXED - (size_t)SEC_ENTRY * nsec);
+  kvt_st64(dst + H_CHECKSUM, kvt_header_checksum(dst, hsize));
+}
+
+int kvt_encode(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_kv_view *v, void *dst_,
+               size_t cap, size_t *len) {
+  kvt_clear_error(ctx);
+  uint8_t *dst = dst_;
+  if (!p || p->struct_size < sizeof(kvt_encode_params) || !dst || !len)
+    return kvt_fail(ctx, -EINVAL, "kvt_encode: missing params, destination or length");
+  int rc = kvt_codec_validate(ctx, &p->spec);
+  if (rc)
+    return rc;
+  uint32_t model_layers = p->model_layers ? p->model_layers : (v ? v->layers : 0);
+  if ((rc = check_view(ctx, &p->spec, v, p->layer_begin, model_layers)) != 0)
+    return rc;
+  if (p->zstd_level < 0 || p->zstd_level > 19)
+    return kvt_fail(ctx, -EINVAL, "zstd level %d: must be 0 (off) to 19", p->zstd_level);
+  uint32_t nsec = 2 * v->layers;
+  uint64_t hsize = kvt_header_size(nsec);
+  if (hsize > cap)
+    return kvt_fail(ctx, KVT_ENOBUFS, "payload needs more than the %zu bytes given", cap);
+  uint64_t off = hsize;
+  uint32_t flags = 0;
+  for (uint32_t l = 0; l < v->layers; l++)
+    for (int kv = 0; kv < 2; kv++) {
+      kvt_section_shape s;
+      section_shape(&p->spec, v, p->layer_begin + l, kv, &s);
+      kvt_section_src src;
+      src.base = (const uint16_t *)(kv ? v->v : v->k) + (int64_t)l * (kv ? v->v_stride : v->k_stride)[0];
+      src.stride_t = (kv ? v->v_stride : v->k_stride)[1];
+      src.stride_h = (kv ? v->v_stride : v->k_stride)[2];
+      uint8_t *entry = dst + HDR_FIXED + (size_t)SEC_ENTRY * (2 * l + kv);
+      if ((rc = put_section(ctx, p, &s, &src, dst, cap, &off, entry)) != 0)
+        return rc;
+      if (entry[S_COMP] != KVT_COMP_NONE)
+        flags |= KVT_FLAG_LOSSLESS;
+    }
+  /* The payload ends where the last section ends: no trailing padding. */
+  const uint8_t *last = dst + HDR_FIXED + (size_t)SEC_ENTRY * (nsec - 1);
+  uint64_t size = kvt_ld64(last + S_OFFSET) + kvt_ld64(last + S_STORED);
+  if (size > KVT_PAYLOAD_MAX)
+    return kvt_fail(ctx, KVT_ETOOBIG, "payload of %llu bytes exceeds the %llu limit",
+                    (unsigned long long)size, (unsigned long long)KVT_PAYLOAD_MAX);
+  put_header(p, v, dst, model_layers, nsec, hsize, size, flags);
+  *len = (size_t)size;
+  return 0;
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# bootstrap.sh - set up, build and run kvtier on Debian 12 (as root, or with sudo).
+#
+#   ./bootstrap.sh demo     install what is missing, build, run `kvtier demo`
+#   ./bootstrap.sh test     install what is missing, build, run the whole test suite
+#   ./bootstrap.sh asan     the same tests in an AddressSanitizer+UBSan build
+#   ./bootstrap.sh build    install and build only
+#
+# Environment: BUILD_DIR (default build, or build-asan for asan), JOBS (default:
+# the number of cores), KVT_CMAKE_ARGS (extra cmake arguments). With CI=true,
+# warnings are errors.
+set -euo pipefail
+
+cd "$(dirname "$0")"
+mode=${1:-demo}
+case "$mode" in
+  demo | test | asan | build) ;;
+  -h | --help)
+    sed -n '2,12p' "$0"
+    exit 0
+    ;;
+  *)
+    echo "bootstrap.sh: unknown mode '$mode' (demo, test, asan, build)" >&2
+    exit 2
+    ;;
+esac
+
+# Debian packages kvtier needs to build and test. CUDA (nvcc) is optional and
+# used when present.
+packages=(cmake make gcc g++ pkg-config libcmocka-dev libzstd-dev libxxhash-dev)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "bootstrap.sh: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "bootstrap.sh: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+    sudo=sudo
+  fi
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+jobs=${JOBS:-$(nproc)}
+args=(${KVT_CMAKE_ARGS:-})
+if [ "${CI:-}" = true ]; then
+  args+=(-DKVT_WERROR=ON)
+fi
+if [ "$mode" = asan ]; then
+  build=${BUILD_DIR:-build-asan}
+  # Sanitizers are for the C code; the GPU code has its own (compute-sanitizer).
+  args+=(-DKVT_SANITIZE=ON -DKVT_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug)
+else
+  build=${BUILD_DIR:-build}
+fi
+
+cmake -S . -B "$build" "${args[@]}"
+cmake --build "$build" -j "$jobs"
+
+case "$mode" in
+  demo)
+    exec "$build/programs/kvtier" demo
+    ;;
+  test | asan)
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    exec ctest --test-dir "$build" --output-on-failure -j "$jobs"
+    ;;
+esac

@@ -3,6 +3,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "kvt_internal.h"
 
@@ -21,10 +24,23 @@ static void default_free(void *opaque, void *ptr) {
   free(ptr);
 }
 
+/* AVX2 and F16C by CPUID, plus the OS saving YMM state (XGETBV): compilers
+ * disagree on which names __builtin_cpu_supports knows (clang 14 lacks f16c). */
 int kvt_cpu_has_avx2(void) {
 #if defined(KVT_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d))
+    return 0;
+  const unsigned osxsave = 1u << 27, avx = 1u << 28, f16c = 1u << 29;
+  if ((c & (osxsave | avx | f16c)) != (osxsave | avx | f16c))
+    return 0;
+  unsigned xlo, xhi;
+  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  if ((xlo & 6u) != 6u) /* XMM and YMM state enabled by the OS */
+    return 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+    return 0;
+  return (b & (1u << 5)) != 0; /* AVX2 */
 #else
   return 0;
 #endif

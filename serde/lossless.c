@@ -10,6 +10,7 @@
 #ifdef KVT_HAVE_ZSTD
 #define ZSTD_STATIC_LINKING_ONLY /* ZSTD_customMem: the context's allocator */
 #include <zstd.h>
+#include <zstd_errors.h>
 #endif
 
 struct kvt_serde_scratch {
@@ -103,8 +104,19 @@ int kvt_lossless_compress(kvt_ctx *ctx, int level, int shuffle, const uint8_t *r
     src = tmp;
   }
   size_t r = ZSTD_compressCCtx(s->cc, dst, cap, src, n, level);
-  *out_len = ZSTD_isError(r) ? 0 : r; /* too small for dst: it did not pay */
-  return 0;
+  *out_len = 0;
+  if (!ZSTD_isError(r)) {
+    *out_len = r;
+    return 0;
+  }
+  switch (ZSTD_getErrorCode(r)) {
+  case ZSTD_error_dstSize_tooSmall:
+    return 0; /* it would not have saved enough: stored plain */
+  case ZSTD_error_memory_allocation:
+    return kvt_fail(ctx, -ENOMEM, "zstd could not allocate its workspace");
+  default:
+    return kvt_fail(ctx, KVT_EBACKEND, "zstd compression failed: %s", ZSTD_getErrorName(r));
+  }
 #else
   (void)level, (void)shuffle, (void)raw, (void)n, (void)dst, (void)cap, (void)out_len;
   return kvt_fail(ctx, KVT_ENOTSUP, "the lossless stage needs zstd, not built in");

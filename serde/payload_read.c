@@ -97,9 +97,12 @@ static int check_fields(kvt_ctx *ctx, const parsed *p) {
       (!all_zero(b + H_RSV0, 3) || !all_zero(b + H_RSV1, 16)))
     return kvt_fail(ctx, KVT_ECORRUPT, "reserved header bytes (offsets %d, %d) are not zero",
                     H_RSV0, H_RSV1);
-  if (kvt_codec_validate(ctx, &in->spec))
-    return kvt_fail(ctx, KVT_ECORRUPT, "codec spec at offset %d: %s", H_KFMT,
-                    ctx ? ctx->err : "invalid");
+  if (kvt_codec_validate(ctx, &in->spec)) {
+    char why[KVT_ERR_DETAIL_MAX] = "invalid"; /* kvt_fail rewrites ctx->err */
+    if (ctx)
+      snprintf(why, sizeof(why), "%s", ctx->err);
+    return kvt_fail(ctx, KVT_ECORRUPT, "codec spec at offset %d: %s", H_KFMT, why);
+  }
   if (in->dtype != KVT_DTYPE_BF16 && in->dtype != KVT_DTYPE_F16)
     return kvt_fail(ctx, KVT_ECORRUPT, "dtype %d at offset %d", in->dtype, H_DTYPE);
   if (in->layers != in->sections / 2)

@@ -52,27 +52,28 @@ static void section_shape(const kvt_codec_spec *spec, const kvt_kv_view *v, uint
   s->head_dim = v->head_dim;
 }
 
-int kvt_encode_bound(const kvt_codec_spec *spec, uint32_t layers, uint32_t tokens,
-                     uint32_t heads, uint32_t head_dim, uint64_t *out) {
-  if (kvt_codec_validate(NULL, spec))
-    return KVT_ESPEC;
+int kvt_encode_bound(kvt_ctx *ctx, const kvt_codec_spec *spec, uint32_t layer_begin,
+                     uint32_t layers, uint32_t tokens, uint32_t heads, uint32_t head_dim,
+                     uint64_t *out) {
+  kvt_clear_error(ctx);
+  int rc = kvt_codec_validate(ctx, spec);
+  if (rc)
+    return rc;
   kvt_kv_view v;
   static uint16_t dummy;
   kvt_kv_view_dense(&v, &dummy, &dummy, KVT_DTYPE_BF16, layers, tokens, heads, head_dim);
-  /* The bound does not depend on which layers these are, but raw= layers do
-   * change sizes: assume the view starts at layer 0. */
-  int rc = check_view(NULL, spec, &v, 0, layers);
-  if (rc)
+  if ((rc = check_view(ctx, spec, &v, layer_begin, layer_begin + layers)) != 0)
     return rc;
   uint64_t total = kvt_header_size(2 * layers);
   for (uint32_t l = 0; l < layers; l++)
     for (int kv = 0; kv < 2; kv++) {
       kvt_section_shape s;
-      section_shape(spec, &v, l, kv, &s);
+      section_shape(spec, &v, layer_begin + l, kv, &s);
       total = kvt_align_up(total, SEC_ALIGN) + kvt_section_bytes(spec, &s);
     }
   if (total > KVT_PAYLOAD_MAX)
-    return KVT_ETOOBIG;
+    return kvt_fail(ctx, KVT_ETOOBIG, "payload of %llu bytes exceeds the %llu limit",
+                    (unsigned long long)total, (unsigned long long)KVT_PAYLOAD_MAX);
   *out = total;
   return 0;
 }

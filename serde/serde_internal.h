@@ -58,7 +58,7 @@ enum {
   S_RSV1 = 40
 };
 
-#define KVT_FLAG_LOSSLESS 1u
+#define KVT_FLAG_LOSSLESS KVT_PAYLOAD_FLAG_LOSSLESS
 
 static inline uint64_t kvt_header_size(uint32_t sections) {
   return kvt_align_up(HDR_FIXED + (uint64_t)SEC_ENTRY * sections, SEC_ALIGN);

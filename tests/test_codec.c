@@ -140,7 +140,7 @@ static void roundtrip(const char *text, int dtype) {
   kvt_synth_shape sh = {L, T, H, D, dtype, 3, 20.0f};
   kvt_synth_kv(&sh, 42, k, v);
   uint64_t bound;
-  assert_int_equal(kvt_encode_bound(&p.spec, L, T, H, D, &bound), 0);
+  assert_int_equal(kvt_encode_bound(ctx, &p.spec, 0, L, T, H, D, &bound), 0);
   uint8_t *buf = malloc(bound);
   size_t len;
   kvt_kv_view in, out;
@@ -200,7 +200,7 @@ static void test_strided_views_encode_and_decode_like_dense(void **state) {
                                 KVT_DTYPE_BF16};
   kvt_kv_view_dense(&dense, k, v, KVT_DTYPE_BF16, L, T, H, D);
   uint64_t bound;
-  assert_int_equal(kvt_encode_bound(&p.spec, L, T, H, D, &bound), 0);
+  assert_int_equal(kvt_encode_bound(ctx, &p.spec, 0, L, T, H, D, &bound), 0);
   uint8_t *a = malloc(bound), *b = malloc(bound);
   size_t la, lb;
   assert_int_equal(kvt_encode(ctx, &p, &dense, a, bound, &la), 0);

@@ -56,12 +56,16 @@ typedef struct kvt_encode_params {
 #define KVT_ENCODE_PARAMS_INIT \
   { sizeof(kvt_encode_params), {0, 0, 0, 0, 0, 0, {0, 0, 0, 0}}, {{0}}, {{0}}, 0, 0, 0, 0 }
 
-/* Bytes kvt_encode() may write for this spec and shape (exact without the
- * lossless stage, an upper bound with it). Returns 0, KVT_ESPEC, KVT_ESHAPE
- * or KVT_ETOOBIG. */
-KVT_API int kvt_encode_bound(const kvt_codec_spec *spec, uint32_t layers,
-                             uint32_t tokens, uint32_t heads, uint32_t head_dim,
-                             uint64_t *out);
+/* Bytes kvt_encode() may write for this spec and a view of `layers` layers
+ * starting at absolute layer layer_begin (raw= overrides name absolute
+ * layers): exact without the lossless stage, an upper bound with it. Returns
+ * 0, KVT_ESPEC, KVT_ESHAPE or KVT_ETOOBIG, with detail in ctx (may be NULL). */
+KVT_API int kvt_encode_bound(kvt_ctx *ctx, const kvt_codec_spec *spec, uint32_t layer_begin,
+                             uint32_t layers, uint32_t tokens, uint32_t heads,
+                             uint32_t head_dim, uint64_t *out);
+
+/* Header flag bits (kvt_payload_info.flags). */
+#define KVT_PAYLOAD_FLAG_LOSSLESS 1u /* some section uses the lossless stage */
 
 /* Encodes src into dst[0..cap) and writes the payload's length to *len.
  * Returns 0; KVT_ESPEC, KVT_ESHAPE (view does not fit spec or limits);

@@ -1,0 +1,116 @@
+/* programs/cli_util.h - what the kvtier subcommands share: exit codes, option
+ * parsing, messages, whole-file I/O with atomic replace, timing, JSON strings
+ * and a small fork/join helper. */
+#ifndef KVT_CLI_UTIL_H
+#define KVT_CLI_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvtier.h"
+
+/* Exit codes, documented in `kvtier --help`. */
+enum {
+  CLI_OK = 0,
+  CLI_EPAYLOAD = 1, /* payload invalid or corrupt */
+  CLI_EUSAGE = 2,   /* bad command line */
+  CLI_EIO = 3,      /* a file could not be read or written */
+  CLI_EFAIL = 4     /* anything else */
+};
+/* cli_parse() result when --help was given: print help, exit 0. */
+#define CLI_HELP (-1)
+
+typedef enum cli_opt_kind { CLI_FLAG, CLI_STR, CLI_U32, CLI_INT, CLI_DBL } cli_opt_kind;
+
+/* One option. dst is int * (FLAG: set to 1; INT), const char ** (STR),
+ * uint32_t * (U32) or double * (DBL). Numbers must lie in [min, max]. */
+typedef struct cli_opt {
+  const char *name;  /* "--layers" */
+  const char *alias; /* "-o", or NULL */
+  cli_opt_kind kind;
+  void *dst;
+  double min, max;
+} cli_opt;
+
+/* Parses argv[1..argc) of subcommand `cmd` ("encode", "bench codec"):
+ * "--name value", "--name=value", and positional arguments into
+ * pos[0..max_pos), their count in *n_pos. Returns 0, CLI_HELP, or CLI_EUSAGE
+ * after printing why. */
+int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, size_t n_opts,
+              const char **pos, size_t max_pos, size_t *n_pos);
+
+/* Prints "kvtier CMD: <message>" and a pointer to --help on stderr; returns
+ * CLI_EUSAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Prints "kvtier: <message>" on stderr. */
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Parses "bf16" or "fp16" into an enum kvt_dtype; -1 when neither. */
+int cli_parse_dtype(const char *s);
+
+/* Whether err is one of the codes a bad payload gives. */
+int cli_is_payload_error(int err);
+
+/* Reports a payload that failed validation as one line,
+ * "PATH: KVT_ECHECKSUM: <detail>", on stderr; returns CLI_EPAYLOAD. */
+int cli_report_bad_payload(const char *path, kvt_ctx *ctx, int err);
+
+/* Creates a context with the given SIMD choice, reporting a failure. Returns
+ * 0 or an exit code. */
+int cli_ctx_create(int simd, kvt_ctx **out);
+
+/* Reads the whole file into a new malloc'd buffer (*buf, *len; free()).
+ * Returns 0 or CLI_EIO after printing the file and the cause. */
+int cli_read_file(const char *path, void **buf, size_t *len);
+
+/* Like cli_read_file, but the file must hold exactly `expect` bytes; `what`
+ * explains the size ("32 layers x 256 tokens x ..."). A size mismatch is
+ * reported with both sizes and returns CLI_EUSAGE. */
+int cli_read_exact(const char *path, size_t expect, const char *what, void **buf);
+
+/* Writes buf to path atomically: path.tmp is written, fsync'd and renamed
+ * over path, so a failure never leaves a partial file at path. Returns 0 or
+ * CLI_EIO after printing the file and the cause. */
+int cli_write_atomic(const char *path, const void *buf, size_t len);
+
+/* Allocates n bytes aligned to 64 and touches every page, so timing does not
+ * include page faults. NULL on failure (after printing). Free with free(). */
+void *cli_alloc_faulted(size_t n);
+
+/* Seconds from CLOCK_MONOTONIC. */
+double cli_now(void);
+
+/* Writes s as a JSON string literal (quotes and escapes included). */
+void cli_json_str(FILE *f, const char *s);
+
+/* Runs fn(arg, i, n) for every i in [0, n), each on its own thread (the
+ * caller's runs i = 0), and joins them. An index whose thread cannot be
+ * started runs on the caller's thread, so every index always runs. */
+void cli_parallel(unsigned n, void (*fn)(void *arg, unsigned i, unsigned n), void *arg);
+
+/* Online CPUs, at least 1. */
+unsigned cli_cpu_count(void);
+
+/* The CPU's model name from /proc/cpuinfo into buf ("unknown" if none). */
+void cli_cpu_model(char *buf, size_t cap);
+
+/* Median of n doubles (sorts v in place). */
+double cli_median(double *v, size_t n);
+
+/* 16-bit patterns of dtype to float, through a 65536-entry table. */
+typedef struct cli_f16_table {
+  float v[65536];
+} cli_f16_table;
+void cli_f16_table_fill(cli_f16_table *t, int dtype);
+
+/* Subcommands: argv[0] is the subcommand's name; each returns an exit code. */
+int cli_encode_main(int argc, char **argv);
+int cli_decode_main(int argc, char **argv);
+int cli_inspect_main(int argc, char **argv);
+int cli_verify_main(int argc, char **argv);
+int cli_demo_main(int argc, char **argv);
+int cli_bench_main(int argc, char **argv);
+
+#endif

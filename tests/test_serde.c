@@ -1,0 +1,1071 @@
+/* tests/test_serde.c - the payload parser against hostile input, and the
+ * encoder/decoder round trips.
+ *
+ * Every corruption here is re-sealed (header checksum recomputed the way
+ * serde does, section checksums where the edit touches a section) so that
+ * the field check itself, not a checksum, has to catch it; each expects the
+ * precise error code and a detail string that names the field or offset.
+ * Offsets come from serde/serde_internal.h, the authority until FORMAT.md. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kvtier.h"
+#include "serde_internal.h"
+#include "synth.h"
+
+#ifdef KVT_HAVE_ZSTD
+#include <zstd.h>
+#endif
+
+static kvt_ctx *ctx;
+
+static int group_setup(void **state) {
+  (void)state;
+  return kvt_ctx_create(NULL, &ctx);
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  kvt_ctx_destroy(ctx);
+  return 0;
+}
+
+/* ---- samples: synthetic K/V and their payload ---- */
+
+typedef struct sample {
+  uint32_t L, T, H, D;
+  int dtype;
+  uint16_t *k, *v; /* dense input */
+  kvt_encode_params p;
+  uint8_t *buf; /* payload, with 128 spare bytes for appending */
+  size_t len;
+} sample;
+
+static size_t elems(const sample *s) { return (size_t)s->L * s->T * s->H * s->D; }
+
+static void sample_params(sample *s, const char *spec, int zstd) {
+  kvt_encode_params init = KVT_ENCODE_PARAMS_INIT;
+  s->p = init;
+  assert_int_equal(kvt_codec_parse(ctx, spec, &s->p.spec), 0);
+  kvt_model_desc m = KVT_MODEL_DESC_INIT;
+  m.model_id = "test/serde-model";
+  m.dtype = s->dtype;
+  m.layers = s->L;
+  m.kv_heads = s->H;
+  m.head_dim = s->D;
+  assert_int_equal(kvt_fingerprint(&m, &s->p.spec, &s->p.fingerprint), 0);
+  const uint32_t ids[4] = {11, 22, 33, 44};
+  assert_int_equal(kvt_chunk_key(&s->p.fingerprint, NULL, ids, 4, &s->p.key), 0);
+  s->p.zstd_level = zstd;
+}
+
+/* Encodes s->k/s->v with s->p into a fresh s->buf. */
+static void sample_encode(sample *s) {
+  uint64_t bound;
+  assert_int_equal(kvt_encode_bound(ctx, &s->p.spec, s->p.layer_begin, s->L, s->T, s->H, s->D, &bound), 0);
+  free(s->buf);
+  s->buf = malloc(bound + 128);
+  assert_non_null(s->buf);
+  kvt_kv_view v;
+  kvt_kv_view_dense(&v, s->k, s->v, s->dtype, s->L, s->T, s->H, s->D);
+  int rc = kvt_encode(ctx, &s->p, &v, s->buf, bound, &s->len);
+  if (rc)
+    fail_msg("encode: %s: %s", kvt_err_name(rc), kvt_ctx_last_error(ctx));
+}
+
+static void sample_make(sample *s, const char *spec, int dtype, uint32_t L, uint32_t T, uint32_t H,
+                        uint32_t D, int zstd) {
+  memset(s, 0, sizeof(*s));
+  s->L = L, s->T = T, s->H = H, s->D = D, s->dtype = dtype;
+  s->k = malloc(2 * elems(s));
+  s->v = malloc(2 * elems(s));
+  assert_true(s->k && s->v);
+  kvt_synth_shape sh = {L, T, H, D, dtype, 0, 0};
+  kvt_synth_kv(&sh, 7, s->k, s->v);
+  sample_params(s, spec, zstd);
+  sample_encode(s);
+}
+
+static void sample_free(sample *s) {
+  free(s->k);
+  free(s->v);
+  free(s->buf);
+}
+
+/* The small payload most hostile-input tests edit: k16v8, 2 layers x 4
+ * tokens x 2 heads x 16 dims. Sections: K 256 B at 320, V 160 B at 576,
+ * 32 B of padding at 736, K at 768, V at 1024; 1184 bytes in all. */
+static void small(sample *s) { sample_make(s, "k16v8", KVT_DTYPE_BF16, 2, 4, 2, 16, 0); }
+
+static uint8_t *copy_of(const sample *s) {
+  uint8_t *b = malloc(s->len + 128);
+  assert_non_null(b);
+  memcpy(b, s->buf, s->len);
+  return b;
+}
+
+static uint8_t *entry(uint8_t *b, uint32_t i) { return b + HDR_FIXED + (size_t)SEC_ENTRY * i; }
+
+/* Recomputes the header checksum over the header size the header states,
+ * when that lies inside the buffer (else the parser rejects it first). */
+static void reseal(uint8_t *b, size_t len) {
+  uint32_t hsize = kvt_ld32(b + H_HDRSIZE);
+  if (hsize >= HDR_FIXED && hsize <= len)
+    kvt_st64(b + H_CHECKSUM, kvt_header_checksum(b, hsize));
+}
+
+static void reseal_section(uint8_t *b, uint32_t i) {
+  uint8_t *e = entry(b, i);
+  kvt_st64(e + S_CHECKSUM, kvt_hash64(b + kvt_ld64(e + S_OFFSET), kvt_ld64(e + S_STORED)));
+  reseal(b, kvt_ld32(b + H_HDRSIZE));
+}
+
+static void put(uint8_t *p, int width, uint64_t v) {
+  if (width == 1)
+    *p = (uint8_t)v;
+  else if (width == 2)
+    kvt_st16(p, (uint16_t)v);
+  else if (width == 4)
+    kvt_st32(p, (uint32_t)v);
+  else
+    kvt_st64(p, v);
+}
+
+/* Whether rc and the context's detail are as expected; says why not. */
+static int check_rc(int rc, int want, const char *detail, const char *what) {
+  if (rc != want) {
+    print_error("%s: got %s (%s), expected %s\n", what, kvt_err_name(rc), kvt_ctx_last_error(ctx),
+                kvt_err_name(want));
+    return 0;
+  }
+  if (detail && !strstr(kvt_ctx_last_error(ctx), detail)) {
+    print_error("%s: detail \"%s\" does not contain \"%s\"\n", what, kvt_ctx_last_error(ctx),
+                detail);
+    return 0;
+  }
+  return 1;
+}
+
+static void expect_rc(int rc, int want, const char *detail, const char *what) {
+  if (!check_rc(rc, want, detail, what))
+    fail();
+}
+
+static int is_payload_error(int rc) {
+  return rc == KVT_EFORMAT || rc == KVT_EVERSION || rc == KVT_ETRUNC || rc == KVT_ECORRUPT ||
+         rc == KVT_ECHECKSUM || rc == KVT_ETOOBIG;
+}
+
+static int decode_dense(const sample *s, const uint8_t *b, size_t len, uint16_t *k, uint16_t *v) {
+  kvt_kv_view view;
+  kvt_kv_view_dense(&view, k, v, s->dtype, s->L, s->T, s->H, s->D);
+  return kvt_decode(ctx, b, len, NULL, &view);
+}
+
+/* ---- bit flips, truncation, trailing bytes ---- */
+
+static void test_serde_parse_rejects_every_header_bit_flip(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  uint32_t hsize = kvt_ld32(s.buf + H_HDRSIZE);
+  assert_int_equal(kvt_payload_parse(ctx, s.buf, s.len, NULL), 0);
+  for (size_t bit = 0; bit < 8 * (size_t)hsize; bit++) {
+    s.buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+    int rc = kvt_payload_parse(ctx, s.buf, s.len, NULL);
+    if (!is_payload_error(rc))
+      fail_msg("header bit %zu (byte %zu): parse returned %s", bit, bit / 8, kvt_err_name(rc));
+    s.buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+  }
+  sample_free(&s);
+}
+
+/* Names what lies at a byte, for failure messages. */
+static const char *region(const uint8_t *b, size_t at) {
+  uint32_t n = kvt_ld32(b + H_NSEC);
+  if (at < kvt_ld32(b + H_HDRSIZE))
+    return "header";
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *e = b + HDR_FIXED + (size_t)SEC_ENTRY * i;
+    if (at >= kvt_ld64(e + S_OFFSET) && at < kvt_ld64(e + S_OFFSET) + kvt_ld64(e + S_STORED))
+      return "a section";
+  }
+  return "padding between sections";
+}
+
+/* Flips every bit of s's payload, header, sections and padding alike;
+ * returns how many flips went unnoticed (and says where the first was).
+ * FORMAT.md section 7 leaves padding to a full verify: decode reads only
+ * checksummed bytes, so its padding flips are counted apart, not missed. */
+static size_t flip_every_bit(sample *s, int use_decode) {
+  uint16_t *k = malloc(2 * elems(s)), *v = malloc(2 * elems(s));
+  assert_true(k && v);
+  assert_int_equal(kvt_payload_verify(ctx, s->buf, s->len, NULL), 0);
+  assert_int_equal(decode_dense(s, s->buf, s->len, k, v), 0);
+  size_t missed = 0, in_padding = 0, first = 0;
+  for (size_t bit = 0; bit < 8 * s->len; bit++) {
+    s->buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+    int rc = use_decode ? decode_dense(s, s->buf, s->len, k, v)
+                        : kvt_payload_verify(ctx, s->buf, s->len, NULL);
+    int padding = region(s->buf, bit / 8)[0] == 'p';
+    if (!is_payload_error(rc) && use_decode && padding)
+      in_padding++;
+    else if (!is_payload_error(rc) && missed++ == 0)
+      first = bit;
+    s->buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+  }
+  if (missed)
+    print_error("%s missed %zu of %zu bit flips; the first at byte %zu (%s) of a %zu-byte "
+                "payload\n",
+                use_decode ? "kvt_decode" : "kvt_payload_verify", missed, 8 * s->len, first / 8,
+                region(s->buf, first / 8), s->len);
+  if (use_decode)
+    assert_true(in_padding > 0); /* each sample has padding: the walk reached it */
+  free(k);
+  free(v);
+  return missed;
+}
+
+/* A small k16v8 payload (with padding), an fp16 int4 one, and one with
+ * compressed sections. */
+static void flip_every_bit_of_samples(int use_decode) {
+  sample s;
+  size_t missed = 0;
+  small(&s);
+  missed += flip_every_bit(&s, use_decode);
+  sample_free(&s);
+  sample_make(&s, "int4", KVT_DTYPE_F16, 2, 4, 2, 32, 0);
+  missed += flip_every_bit(&s, use_decode);
+  sample_free(&s);
+  if (kvt_has_feature("zstd")) {
+    sample_make(&s, "k16v8", KVT_DTYPE_BF16, 2, 8, 2, 32, 3);
+    assert_true(kvt_ld32(s.buf + H_FLAGS) & KVT_FLAG_LOSSLESS);
+    missed += flip_every_bit(&s, use_decode);
+    sample_free(&s);
+  }
+  if (missed)
+    fail_msg("%zu bit flips went unnoticed", missed);
+}
+
+static void test_serde_verify_rejects_every_bit_flip(void **state) {
+  (void)state;
+  flip_every_bit_of_samples(0);
+}
+
+/* Every flip in the header or a section; padding is verify's (FORMAT.md 7). */
+static void test_serde_decode_rejects_every_bit_flip_outside_padding(void **state) {
+  (void)state;
+  flip_every_bit_of_samples(1);
+}
+
+static void test_serde_rejects_every_truncation(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  uint16_t *k = malloc(2 * elems(&s)), *v = malloc(2 * elems(&s));
+  assert_true(k && v);
+  for (size_t n = 0; n < s.len; n++) {
+    /* A copy of exactly n bytes, so ASan sees any read past its end. */
+    uint8_t *b = malloc(n ? n : 1);
+    assert_non_null(b);
+    memcpy(b, s.buf, n);
+    char what[64];
+    snprintf(what, sizeof(what), "parse of the first %zu bytes", n);
+    expect_rc(kvt_payload_parse(ctx, b, n, NULL), KVT_ETRUNC, NULL, what);
+    expect_rc(kvt_payload_verify(ctx, b, n, NULL), KVT_ETRUNC, NULL, what);
+    expect_rc(decode_dense(&s, b, n, k, v), KVT_ETRUNC, NULL, what);
+    free(b);
+  }
+  expect_rc(kvt_payload_parse(ctx, NULL, 0, NULL), KVT_ETRUNC, NULL, "empty payload");
+  free(k);
+  free(v);
+  sample_free(&s);
+}
+
+static void test_serde_rejects_short_input_without_magic_as_format(void **state) {
+  (void)state;
+  static const uint8_t junk[7] = {'\x89', 'K', 'V', 'X', '\r', '\n', 0x1a};
+  for (size_t n = 4; n <= sizeof(junk); n++)
+    expect_rc(kvt_payload_parse(ctx, junk, n, NULL), KVT_EFORMAT, "magic", "short junk");
+  expect_rc(kvt_payload_parse(ctx, "GET / HTTP/1.1\r\n", 16, NULL), KVT_EFORMAT, "magic", "text");
+}
+
+static void test_serde_rejects_trailing_byte(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  s.buf[s.len] = 0;
+  expect_rc(kvt_payload_parse(ctx, s.buf, s.len + 1, NULL), KVT_ECORRUPT,
+            "1 bytes follow the payload's 1184 bytes", "one trailing byte");
+  expect_rc(kvt_payload_verify(ctx, s.buf, s.len + 1, NULL), KVT_ECORRUPT, NULL, "verify");
+  sample_free(&s);
+}
+
+/* ---- header fields, each re-sealed ---- */
+
+typedef struct field_edit {
+  const char *what;
+  size_t off;
+  int width;
+  uint64_t value;
+  int want;
+  const char *detail;
+} field_edit;
+
+static const field_edit header_edits[] = {
+    {"major version 2", H_VMAJOR, 2, 2, KVT_EVERSION, "version 2.0 at offset 8"},
+    {"major version 0", H_VMAJOR, 2, 0, KVT_EVERSION, "offset 8"},
+    {"bad magic", H_MAGIC + 1, 1, 'X', KVT_EFORMAT, "magic"},
+    {"payload size above the limit", H_SIZE, 8, KVT_PAYLOAD_MAX + 1, KVT_ETOOBIG,
+     "at offset 16 exceeds"},
+    {"payload size 2^64-1", H_SIZE, 8, UINT64_MAX, KVT_ETOOBIG, "offset 16"},
+    {"payload size past the buffer", H_SIZE, 8, 1184 + 64, KVT_ETRUNC, "header says 1248"},
+    {"payload size short of the buffer", H_SIZE, 8, 1184 - 64, KVT_ECORRUPT, "64 bytes follow"},
+    {"section count 3", H_NSEC, 4, 3, KVT_ECORRUPT, "section count 3 at offset 28"},
+    {"section count 0", H_NSEC, 4, 0, KVT_ECORRUPT, "section count 0 at offset 28"},
+    {"section count 8194", H_NSEC, 4, 8194, KVT_ECORRUPT, "section count 8194"},
+    {"section count 6", H_NSEC, 4, 6, KVT_ECORRUPT, "header size 320 at offset 12"},
+    {"header size 384", H_HDRSIZE, 4, 384, KVT_ECORRUPT, "header size 384 at offset 12"},
+    {"header size 2^32-1", H_HDRSIZE, 4, UINT32_MAX, KVT_ECORRUPT, "offset 12"},
+    {"unknown flag", H_FLAGS, 4, 2, KVT_ECORRUPT, "flags 0x2 at offset 24"},
+    {"reserved byte 73", H_RSV0, 1, 1, KVT_ECORRUPT, "reserved header bytes"},
+    {"reserved byte 75", H_RSV0 + 2, 1, 0x80, KVT_ECORRUPT, "reserved header bytes"},
+    {"reserved byte 104", H_RSV1, 1, 1, KVT_ECORRUPT, "reserved header bytes"},
+    {"reserved byte 119", H_RSV1 + 15, 1, 0x80, KVT_ECORRUPT, "reserved header bytes"},
+    {"key format 9", H_KFMT, 1, 9, KVT_ECORRUPT, "offset 64: unknown format (k=9, v=1)"},
+    {"value format 4", H_VFMT, 1, 4, KVT_ECORRUPT, "offset 64: unknown format (k=0, v=4)"},
+    {"scale 3", H_SCALE, 1, 3, KVT_ECORRUPT, "offset 64: unknown scale granularity 3"},
+    {"key axis 2", H_KAXIS, 1, 2, KVT_ECORRUPT, "offset 64: unknown key group axis 2"},
+    {"group 0", H_GROUP, 2, 0, KVT_ECORRUPT, "offset 64: group 0"},
+    {"group 33", H_GROUP, 2, 33, KVT_ECORRUPT, "offset 64: group 33"},
+    {"group 65534", H_GROUP, 2, 65534, KVT_ECORRUPT, "offset 64: group 65534"},
+    {"block 0", H_BLOCK, 2, 0, KVT_ECORRUPT, "offset 64: block"},
+    {"dtype 7", H_DTYPE, 1, 7, KVT_ECORRUPT, "dtype 7 at offset 72"},
+    {"dtype 0", H_DTYPE, 1, 0, KVT_ECORRUPT, "dtype 0 at offset 72"},
+    {"dtype fp16", H_DTYPE, 1, KVT_DTYPE_F16, 0, NULL}, /* fields agree; only data differs */
+    {"layer count 3", H_LCOUNT, 4, 3, KVT_ECORRUPT, "layer count 3 at offset 84"},
+    {"layer count 0", H_LCOUNT, 4, 0, KVT_ECORRUPT, "layer count 0 at offset 84"},
+    {"model layers 1", H_MLAYERS, 4, 1, KVT_ECORRUPT, "layers 0+2 of a 1-layer model (offset 76)"},
+    {"model layers 5000", H_MLAYERS, 4, 5000, KVT_ECORRUPT, "5000-layer model"},
+    {"layer begin 1", H_LBEGIN, 4, 1, KVT_ECORRUPT, "layers 1+2 of a 2-layer model"},
+    {"layer begin 2^32-1", H_LBEGIN, 4, UINT32_MAX, KVT_ECORRUPT, "layers 4294967295+2"},
+    {"tokens 0", H_TOKENS, 4, 0, KVT_ECORRUPT, "shape tokens 0 heads 2 head_dim 16 (offset 88)"},
+    {"tokens 2^20+1", H_TOKENS, 4, (1u << 20) + 1, KVT_ECORRUPT, "tokens 1048577"},
+    {"tokens 2^32-1", H_TOKENS, 4, UINT32_MAX, KVT_ECORRUPT, "tokens 4294967295"},
+    {"heads 0", H_HEADS, 4, 0, KVT_ECORRUPT, "heads 0"},
+    {"heads 5000", H_HEADS, 4, 5000, KVT_ECORRUPT, "heads 5000"},
+    {"head_dim 0", H_HDIM, 4, 0, KVT_ECORRUPT, "head_dim 0"},
+    {"head_dim 4096", H_HDIM, 4, 4096, KVT_ECORRUPT, "head_dim 4096"},
+    /* Plausible shapes that the sections' sizes contradict. */
+    {"tokens 5", H_TOKENS, 4, 5, KVT_ECORRUPT, "section 0 (offset 152): size 256"},
+    {"heads 1", H_HEADS, 4, 1, KVT_ECORRUPT, "section 0 (offset 152): size 256"},
+    {"head_dim 8", H_HDIM, 4, 8, KVT_ECORRUPT, "section 0 (offset 152)"},
+};
+
+static void test_serde_parse_names_each_bad_header_field(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  assert_int_equal(s.len, 1184);
+  size_t bad = 0;
+  for (size_t i = 0; i < sizeof(header_edits) / sizeof(header_edits[0]); i++) {
+    const field_edit *f = &header_edits[i];
+    uint8_t *b = copy_of(&s);
+    put(b + f->off, f->width, f->value);
+    reseal(b, s.len);
+    bad += !check_rc(kvt_payload_parse(ctx, b, s.len, NULL), f->want, f->detail, f->what);
+    free(b);
+  }
+  sample_free(&s);
+  if (bad)
+    fail_msg("%zu of %zu header edits were not reported as expected", bad,
+             sizeof(header_edits) / sizeof(header_edits[0]));
+}
+
+static void test_serde_parse_rejects_header_checksum_mismatch(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  s.buf[H_CHECKSUM + 3] ^= 0x10;
+  expect_rc(kvt_payload_parse(ctx, s.buf, s.len, NULL), KVT_ECHECKSUM,
+            "header checksum at offset 120", "checksum field");
+  s.buf[H_CHECKSUM + 3] ^= 0x10;
+  s.buf[H_TOKENS] ^= 1; /* an edit without re-sealing */
+  expect_rc(kvt_payload_parse(ctx, s.buf, s.len, NULL), KVT_ECHECKSUM, "offset 120", "field");
+  sample_free(&s);
+}
+
+/* A newer minor version may give reserved bytes a meaning this reader skips. */
+static void test_serde_parse_accepts_reserved_bytes_of_a_newer_minor_version(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  kvt_st16(s.buf + H_VMINOR, KVT_FORMAT_MINOR + 1);
+  s.buf[H_RSV1 + 3] = 0x5a;
+  reseal(s.buf, s.len);
+  kvt_payload_info info;
+  assert_int_equal(kvt_payload_parse(ctx, s.buf, s.len, &info), 0);
+  assert_int_equal(info.version_minor, KVT_FORMAT_MINOR + 1);
+  sample_free(&s);
+}
+
+static void test_serde_parse_rejects_i4_group_that_does_not_divide_head_dim(void **state) {
+  (void)state;
+  sample s;
+  sample_make(&s, "int4,kgroup=dim,group=16", KVT_DTYPE_BF16, 2, 4, 2, 32, 0);
+  kvt_st16(s.buf + H_GROUP, 12);
+  reseal(s.buf, s.len);
+  expect_rc(kvt_payload_parse(ctx, s.buf, s.len, NULL), KVT_ECORRUPT,
+            "i4 group 12 does not fit head_dim 32 (offset 68)", "group 12");
+  sample_free(&s);
+}
+
+/* ---- section table entries, each re-sealed ---- */
+
+typedef struct entry_edit {
+  const char *what;
+  uint32_t entry;
+  size_t off;
+  int width;
+  uint64_t value;
+  uint32_t flags;     /* written to the header's flags */
+  const char *detail; /* of the KVT_ECORRUPT every edit must give */
+} entry_edit;
+
+static const entry_edit entry_edits[] = {
+    {"offset far outside", 3, S_OFFSET, 8, 1ull << 40, 0,
+     "section 3 (offset 280): at 1099511627776+160"},
+    {"offset at the end", 3, S_OFFSET, 8, 1184, 0, "section 3 (offset 280)"},
+    {"offset 2^64-64", 3, S_OFFSET, 8, UINT64_MAX - 63, 0, "section 3 (offset 280)"},
+    {"overlapping the previous section", 1, S_OFFSET, 8, 320, 0,
+     "section 1 (offset 184): at 320+160, expected at 576"},
+    {"inside the header", 0, S_OFFSET, 8, 0, 0, "section 0 (offset 136)"},
+    {"unaligned", 2, S_OFFSET, 8, 736, 0, "section 2 (offset 232)"},
+    {"stored size past its end", 0, S_STORED, 8, 256 + 64, 0,
+     "section 0 (offset 144): stored size 320"},
+    {"stored size 2^63", 3, S_STORED, 8, 1ull << 63, 0, "section 3 (offset 288)"},
+    {"stored size 0", 1, S_STORED, 8, 0, 0, "section 1 (offset 192): stored size 0"},
+    {"raw size off by two", 0, S_RAW, 8, 258, 0,
+     "section 0 (offset 152): size 258, shape needs 256"},
+    {"raw size 2^64-1", 1, S_RAW, 8, UINT64_MAX, 0, "section 1 (offset 200)"},
+    {"layer 1 first", 0, S_LAYER, 4, 1, 0,
+     "section 0 (offset 128) is layer 1 kind 0; expected 0 0"},
+    {"two K sections", 1, S_KIND, 1, 0, 0, "section 1 (offset 176) is layer 0 kind 0"},
+    {"kind 2", 3, S_KIND, 1, 2, 0, "section 3 (offset 272) is layer 1 kind 2"},
+    {"reserved byte 7", 0, S_RSV0, 1, 1, 0, "section 0 (offset 128): reserved"},
+    {"reserved byte 47", 3, S_RSV1 + 7, 1, 0x80, 0, "section 3 (offset 272): reserved"},
+    {"format 9", 1, S_FMT, 1, 9, 0, "section 1 (offset 200): size 160, shape needs 0"},
+    {"K stored as e4m3", 0, S_FMT, 1, KVT_FMT_E4M3, 0, "section 0 (offset 152)"},
+    /* i8 and e4m3 sections have equal sizes: only the spec can tell. */
+    {"V stored as i8", 1, S_FMT, 1, KVT_FMT_I8, 0,
+     "sections 0-1 (layer 0): formats 0/2, spec says n16/e4m3"},
+    {"compressed without the flag", 0, S_COMP, 1, KVT_COMP_ZSTD, 0,
+     "section 0 (offset 128): compression 1"},
+    {"compression 3", 0, S_COMP, 1, 3, KVT_FLAG_LOSSLESS, "section 0 (offset 128): compression 3"},
+    {"compression 255", 2, S_COMP, 1, 255, KVT_FLAG_LOSSLESS, "compression 255"},
+    {"byte shuffle of an e4m3 section", 1, S_COMP, 1, KVT_COMP_ZSTD_SHUFFLE16, KVT_FLAG_LOSSLESS,
+     "section 1 (offset 176): compression 2"},
+    {"compressed but no smaller", 0, S_COMP, 1, KVT_COMP_ZSTD, KVT_FLAG_LOSSLESS,
+     "section 0 (offset 144): stored size 256"},
+    {"flag without a compressed section", 0, S_RSV0, 1, 0, KVT_FLAG_LOSSLESS,
+     "lossless flag set but no section is compressed"},
+};
+
+static void test_serde_parse_names_each_bad_section_entry(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  size_t bad = 0;
+  for (size_t i = 0; i < sizeof(entry_edits) / sizeof(entry_edits[0]); i++) {
+    const entry_edit *f = &entry_edits[i];
+    uint8_t *b = copy_of(&s);
+    put(entry(b, f->entry) + f->off, f->width, f->value);
+    if (f->flags)
+      kvt_st32(b + H_FLAGS, f->flags);
+    reseal(b, s.len);
+    bad += !check_rc(kvt_payload_parse(ctx, b, s.len, NULL), KVT_ECORRUPT, f->detail, f->what);
+    free(b);
+  }
+  sample_free(&s);
+  if (bad)
+    fail_msg("%zu of %zu section entry edits were not reported as expected", bad,
+             sizeof(entry_edits) / sizeof(entry_edits[0]));
+}
+
+static void test_serde_parse_rejects_bytes_after_the_last_section(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  memset(s.buf + s.len, 0, 64);
+  kvt_st64(s.buf + H_SIZE, s.len + 64);
+  reseal(s.buf, s.len + 64);
+  expect_rc(kvt_payload_parse(ctx, s.buf, s.len + 64, NULL), KVT_ECORRUPT,
+            "sections end at 1184, payload at 1248", "64 bytes past the last section");
+  sample_free(&s);
+}
+
+static void test_serde_parse_rejects_raw_layer_beyond_the_raw_bitmap(void **state) {
+  (void)state;
+  sample s;
+  sample_make(&s, "k16v8,raw=0", KVT_DTYPE_BF16, 2, 4, 2, 16, 0);
+  assert_int_equal(kvt_payload_parse(ctx, s.buf, s.len, NULL), 0);
+  kvt_st32(s.buf + H_LBEGIN, 300);
+  kvt_st32(s.buf + H_MLAYERS, 302);
+  for (uint32_t i = 0; i < 4; i++)
+    kvt_st32(entry(s.buf, i) + S_LAYER, 300 + i / 2);
+  reseal(s.buf, s.len);
+  expect_rc(kvt_payload_parse(ctx, s.buf, s.len, NULL), KVT_ECORRUPT,
+            "layer 300 is raw but raw layers must be below 256", "raw layer 300");
+  sample_free(&s);
+}
+
+static void test_serde_verify_rejects_nonzero_padding_that_parse_ignores(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  s.buf[750] = 1; /* padding 736..767, covered by no checksum */
+  assert_int_equal(kvt_payload_parse(ctx, s.buf, s.len, NULL), 0);
+  expect_rc(kvt_payload_verify(ctx, s.buf, s.len, NULL), KVT_ECORRUPT,
+            "padding before section 2 (offsets 736..768) is not zero", "padding byte 750");
+  sample_free(&s);
+}
+
+static void test_serde_verify_and_decode_reject_section_checksum_mismatch(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  uint16_t *k = malloc(2 * elems(&s)), *v = malloc(2 * elems(&s));
+  assert_true(k && v);
+  s.buf[1024 + 40] ^= 4; /* layer 1 V */
+  assert_int_equal(kvt_payload_parse(ctx, s.buf, s.len, NULL), 0);
+  expect_rc(kvt_payload_verify(ctx, s.buf, s.len, NULL), KVT_ECHECKSUM,
+            "section 3 (layer 1 V) at offset 1024", "verify");
+  expect_rc(decode_dense(&s, s.buf, s.len, k, v), KVT_ECHECKSUM, "section 3 (layer 1 V)", "decode");
+  free(k);
+  free(v);
+  sample_free(&s);
+}
+
+/* Puts body in place of the last section's stored bytes as a compressed
+ * section, with the payload size, flags and checksums made to agree. Returns
+ * the new payload length. */
+static size_t replace_last_section(uint8_t *b, const void *body, size_t n) {
+  uint32_t last = kvt_ld32(b + H_NSEC) - 1;
+  uint8_t *e = entry(b, last);
+  uint64_t off = kvt_ld64(e + S_OFFSET);
+  assert_true(n < kvt_ld64(e + S_RAW));
+  memcpy(b + off, body, n);
+  kvt_st64(e + S_STORED, n);
+  e[S_COMP] = e[S_FMT] == KVT_FMT_N16 ? KVT_COMP_ZSTD_SHUFFLE16 : KVT_COMP_ZSTD;
+  kvt_st32(b + H_FLAGS, KVT_FLAG_LOSSLESS);
+  kvt_st64(b + H_SIZE, off + n);
+  reseal_section(b, last);
+  return off + n;
+}
+
+/* Crafted payloads whose zstd streams are wrong but whose checksums agree:
+ * decoding must fail cleanly, never trust the stream's idea of its size. */
+static void test_serde_decode_rejects_bad_zstd_stream_with_valid_checksums(void **state) {
+  (void)state;
+#ifndef KVT_HAVE_ZSTD
+  skip();
+#else
+  sample s;
+  sample_make(&s, "raw", KVT_DTYPE_BF16, 2, 16, 2, 64, 0);
+  const size_t raw = 2 * (size_t)s.T * s.H * s.D;
+  uint16_t *k = malloc(2 * elems(&s)), *v = malloc(2 * elems(&s));
+  uint8_t *zeros = calloc(raw + 2, 1), *frame = malloc(ZSTD_compressBound(raw + 2));
+  assert_true(k && v && zeros && frame);
+  /* {frame content size, expected rc}: no frame at all, one 2 bytes short,
+   * one 2 bytes long, and the control, exactly raw bytes of zeros. */
+  const struct {
+    long content;
+    int want;
+  } variants[] = {{-1, KVT_ECORRUPT},
+                  {(long)raw - 2, KVT_ECORRUPT},
+                  {(long)raw + 2, KVT_ECORRUPT},
+                  {(long)raw, 0}};
+  for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
+    uint8_t *b = copy_of(&s);
+    size_t n = 64;
+    const uint8_t *body = zeros;
+    if (variants[i].content >= 0) {
+      n = ZSTD_compress(frame, ZSTD_compressBound(raw + 2), zeros, (size_t)variants[i].content, 3);
+      assert_false(ZSTD_isError(n));
+      body = frame;
+    }
+    size_t len = replace_last_section(b, body, n);
+    assert_int_equal(kvt_payload_verify(ctx, b, len, NULL), 0);
+    expect_rc(decode_dense(&s, b, len, k, v), variants[i].want,
+              variants[i].want ? "zstd section does not decompress to 4096 bytes" : NULL,
+              "crafted zstd section");
+    if (variants[i].want == 0)
+      assert_int_equal(v[elems(&s) - 1], 0);
+    free(b);
+  }
+  free(zeros);
+  free(frame);
+  free(k);
+  free(v);
+  sample_free(&s);
+#endif
+}
+
+static void test_serde_payload_section_reports_the_table(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  static const uint64_t off[4] = {320, 576, 768, 1024}, size[4] = {256, 160, 256, 160};
+  for (uint32_t i = 0; i < 4; i++) {
+    kvt_section_info si;
+    assert_int_equal(kvt_payload_section(ctx, s.buf, s.len, i, &si), 0);
+    assert_int_equal(si.layer, i / 2);
+    assert_int_equal(si.is_value, i % 2);
+    assert_int_equal(si.fmt, i % 2 ? KVT_FMT_E4M3 : KVT_FMT_N16);
+    assert_int_equal(si.comp, KVT_COMP_NONE);
+    assert_int_equal(si.offset, off[i]);
+    assert_int_equal(si.stored_size, size[i]);
+    assert_int_equal(si.raw_size, size[i]);
+    assert_int_equal(si.checksum, kvt_hash64(s.buf + off[i], size[i]));
+  }
+  kvt_section_info si;
+  expect_rc(kvt_payload_section(ctx, s.buf, s.len, 4, &si), -EINVAL, "section 4 of 4", "i=4");
+  expect_rc(kvt_payload_section(ctx, s.buf, s.len - 1, 0, &si), KVT_ETRUNC, NULL, "truncated");
+  sample_free(&s);
+}
+
+/* ---- decode: expectations, views, layer subsets ---- */
+
+static void test_serde_decode_rejects_foreign_key_and_fingerprint(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  uint16_t *k = malloc(2 * elems(&s)), *v = malloc(2 * elems(&s));
+  assert_true(k && v);
+  kvt_kv_view view;
+  kvt_kv_view_dense(&view, k, v, s.dtype, s.L, s.T, s.H, s.D);
+  kvt_decode_params dp = KVT_DECODE_PARAMS_INIT;
+  kvt_key other_key = s.p.key, other_fp = s.p.fingerprint;
+  other_key.bytes[15] ^= 1;
+  other_fp.bytes[0] ^= 0x80;
+  dp.expect_key = &s.p.key;
+  dp.expect_fingerprint = &s.p.fingerprint;
+  assert_int_equal(kvt_decode(ctx, s.buf, s.len, &dp, &view), 0);
+  dp.expect_key = &other_key;
+  expect_rc(kvt_decode(ctx, s.buf, s.len, &dp, &view), KVT_EFOREIGN, "payload key", "key");
+  dp.expect_key = &s.p.key;
+  dp.expect_fingerprint = &other_fp;
+  expect_rc(kvt_decode(ctx, s.buf, s.len, &dp, &view), KVT_EFOREIGN, "model fingerprint",
+            "fingerprint");
+  dp.struct_size = sizeof(dp) - 1;
+  expect_rc(kvt_decode(ctx, s.buf, s.len, &dp, &view), -EINVAL, "struct_size", "struct_size");
+  free(k);
+  free(v);
+  sample_free(&s);
+}
+
+static void test_serde_decode_rejects_mismatched_view(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  uint16_t *k = malloc(4 * elems(&s)), *v = malloc(4 * elems(&s));
+  assert_true(k && v);
+  kvt_kv_view good;
+  kvt_kv_view_dense(&good, k, v, s.dtype, s.L, s.T, s.H, s.D);
+  assert_int_equal(kvt_decode(ctx, s.buf, s.len, NULL, &good), 0);
+  for (int i = 0; i < 7; i++) {
+    kvt_kv_view bad = good;
+    const char *what[] = {"tokens", "heads", "head_dim", "layers", "dtype", "no K", "no V"};
+    switch (i) {
+    case 0:
+      bad.tokens++;
+      break;
+    case 1:
+      bad.heads--;
+      break;
+    case 2:
+      bad.head_dim *= 2;
+      break;
+    case 3:
+      bad.layers = 1;
+      break;
+    case 4:
+      bad.dtype = KVT_DTYPE_F16;
+      break;
+    case 5:
+      bad.k = NULL;
+      break;
+    default:
+      bad.v = NULL;
+      break;
+    }
+    expect_rc(kvt_decode(ctx, s.buf, s.len, NULL, &bad), KVT_ESHAPE, i < 5 ? "view " : "pointer",
+              what[i]);
+  }
+  expect_rc(kvt_decode(ctx, s.buf, s.len, NULL, NULL), KVT_ESHAPE, NULL, "NULL view");
+  free(k);
+  free(v);
+  sample_free(&s);
+}
+
+static void test_serde_decode_of_layer_subsets_matches_full_decode(void **state) {
+  (void)state;
+  sample s;
+  sample_make(&s, "k8v4,raw=2", KVT_DTYPE_BF16, 4, 6, 2, 32, 0);
+  const size_t per_layer = (size_t)s.T * s.H * s.D;
+  uint16_t *fk = malloc(2 * elems(&s)), *fv = malloc(2 * elems(&s));
+  uint16_t *k = malloc(2 * elems(&s)), *v = malloc(2 * elems(&s));
+  assert_true(fk && fv && k && v);
+  assert_int_equal(decode_dense(&s, s.buf, s.len, fk, fv), 0);
+  for (uint32_t first = 0; first < s.L; first++)
+    for (uint32_t count = 0; first + count <= s.L; count++) {
+      uint32_t n = count ? count : s.L - first;
+      kvt_decode_params dp = KVT_DECODE_PARAMS_INIT;
+      dp.layer_first = first;
+      dp.layer_count = count;
+      kvt_kv_view view;
+      kvt_kv_view_dense(&view, k, v, s.dtype, n, s.T, s.H, s.D);
+      memset(k, 0xEE, 2 * elems(&s));
+      memset(v, 0xEE, 2 * elems(&s));
+      assert_int_equal(kvt_decode(ctx, s.buf, s.len, &dp, &view), 0);
+      assert_memory_equal(k, fk + first * per_layer, 2 * n * per_layer);
+      assert_memory_equal(v, fv + first * per_layer, 2 * n * per_layer);
+      /* Nothing past the view's layers is written. */
+      if (n < s.L)
+        assert_int_equal(k[n * per_layer], 0xEEEE);
+    }
+  kvt_decode_params dp = KVT_DECODE_PARAMS_INIT;
+  kvt_kv_view view;
+  kvt_kv_view_dense(&view, k, v, s.dtype, 1, s.T, s.H, s.D);
+  dp.layer_first = 4;
+  expect_rc(kvt_decode(ctx, s.buf, s.len, &dp, &view), -EINVAL, "layers 4+", "first = 4");
+  dp.layer_first = 2, dp.layer_count = 3;
+  expect_rc(kvt_decode(ctx, s.buf, s.len, &dp, &view), -EINVAL, "layers 2+3", "2+3 of 4");
+  dp.layer_first = 1, dp.layer_count = UINT32_MAX;
+  expect_rc(kvt_decode(ctx, s.buf, s.len, &dp, &view), -EINVAL, NULL, "1+2^32-1");
+  free(fk);
+  free(fv);
+  free(k);
+  free(v);
+  sample_free(&s);
+}
+
+/* ---- round trips ---- */
+
+static const char *const presets[] = {"raw",
+                                      "k16v8",
+                                      "fp8",
+                                      "int8",
+                                      "k16v4",
+                                      "k8v4",
+                                      "int4",
+                                      "int4,kgroup=dim",
+                                      "fp8,scale=block,block=5",
+                                      "int8,scale=layer"};
+
+static double h2d(uint16_t h, int dtype) {
+  return dtype == KVT_DTYPE_BF16 ? kvt_bf16_to_f32(h) : kvt_f16_to_f32(h);
+}
+
+/* RMS error over RMS signal; 0 means bit-exact values. */
+static double rel_rms(const uint16_t *a, const uint16_t *b, size_t n, int dtype) {
+  double e = 0, s = 0;
+  for (size_t i = 0; i < n; i++) {
+    double x = h2d(a[i], dtype), y = h2d(b[i], dtype);
+    e += (x - y) * (x - y);
+    s += x * x;
+  }
+  return sqrt(e / s);
+}
+
+static double tolerance(int fmt) {
+  /* About twice what these shapes measure (scale=layer i8 keys: 0.024). */
+  return fmt == KVT_FMT_N16 ? 0 : fmt == KVT_FMT_I4 ? 0.25 : 0.05;
+}
+
+static void test_serde_round_trips_every_preset_with_and_without_zstd(void **state) {
+  (void)state;
+  const int dtypes[2] = {KVT_DTYPE_BF16, KVT_DTYPE_F16};
+  for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
+    for (int d = 0; d < 2; d++) {
+      sample s;
+      sample_make(&s, presets[i], dtypes[d], 2, 16, 2, 64, 0);
+      size_t n = elems(&s);
+      uint16_t *k = malloc(2 * n), *v = malloc(2 * n), *zk = malloc(2 * n), *zv = malloc(2 * n);
+      assert_true(k && v && zk && zv);
+      assert_int_equal(kvt_payload_verify(ctx, s.buf, s.len, NULL), 0);
+      assert_int_equal(decode_dense(&s, s.buf, s.len, k, v), 0);
+      double ek = rel_rms(s.k, k, n, s.dtype), ev = rel_rms(s.v, v, n, s.dtype);
+      if (ek > tolerance(s.p.spec.k_fmt) || ev > tolerance(s.p.spec.v_fmt))
+        fail_msg("%s %s: relative RMS error K %.4f V %.4f", presets[i], kvt_dtype_name(s.dtype), ek,
+                 ev);
+      if (kvt_has_feature("zstd")) {
+        s.p.zstd_level = 3;
+        sample_encode(&s);
+        assert_int_equal(kvt_payload_verify(ctx, s.buf, s.len, NULL), 0);
+        assert_int_equal(decode_dense(&s, s.buf, s.len, zk, zv), 0);
+        assert_memory_equal(k, zk, 2 * n);
+        assert_memory_equal(v, zv, 2 * n);
+        if (s.p.spec.k_fmt == KVT_FMT_N16) /* 16-bit KV always pays */
+          assert_true(kvt_ld32(s.buf + H_FLAGS) & KVT_FLAG_LOSSLESS);
+      }
+      free(k), free(v), free(zk), free(zv);
+      sample_free(&s);
+    }
+}
+
+static void test_serde_zstd_request_without_zstd_is_not_supported(void **state) {
+  (void)state;
+  if (kvt_has_feature("zstd"))
+    skip();
+  sample s;
+  small(&s);
+  s.p.zstd_level = 3;
+  uint8_t buf[4096];
+  size_t len;
+  kvt_kv_view view;
+  kvt_kv_view_dense(&view, s.k, s.v, s.dtype, s.L, s.T, s.H, s.D);
+  expect_rc(kvt_encode(ctx, &s.p, &view, buf, sizeof(buf), &len), KVT_ENOTSUP, "zstd", "encode");
+  sample_free(&s);
+}
+
+/* Fills every element of n with a sentinel, so untouched padding shows. */
+static void fill16(uint16_t *p, size_t n, uint16_t x) {
+  for (size_t i = 0; i < n; i++)
+    p[i] = x;
+}
+
+/* Copies dense K/V into a strided view and back, checks the payload is the
+ * one the dense view gives, and that decoding writes the heads and only them. */
+static void strided_round_trip(sample *s, kvt_kv_view *view, uint16_t *arena, size_t arena_n) {
+  const uint32_t L = s->L, T = s->T, H = s->H, D = s->D;
+  fill16(arena, arena_n, 0x7E7E);
+  for (uint32_t l = 0; l < L; l++)
+    for (uint32_t t = 0; t < T; t++)
+      for (uint32_t h = 0; h < H; h++) {
+        size_t dense = (((size_t)l * T + t) * H + h) * D;
+        memcpy((uint16_t *)view->k + l * view->k_stride[0] + t * view->k_stride[1] +
+                   h * view->k_stride[2],
+               s->k + dense, 2 * D);
+        memcpy((uint16_t *)view->v + l * view->v_stride[0] + t * view->v_stride[1] +
+                   h * view->v_stride[2],
+               s->v + dense, 2 * D);
+      }
+  uint8_t *b = malloc(s->len);
+  size_t len;
+  assert_non_null(b);
+  assert_int_equal(kvt_encode(ctx, &s->p, view, b, s->len, &len), 0);
+  assert_int_equal(len, s->len);
+  assert_memory_equal(b, s->buf, len);
+
+  size_t n = elems(s);
+  uint16_t *k = malloc(2 * n), *v = malloc(2 * n);
+  assert_true(k && v);
+  assert_int_equal(decode_dense(s, s->buf, s->len, k, v), 0);
+  fill16(arena, arena_n, 0x7E7E);
+  assert_int_equal(kvt_decode(ctx, s->buf, s->len, NULL, view), 0);
+  uint8_t *mine = calloc(arena_n, 1);
+  assert_non_null(mine);
+  for (uint32_t l = 0; l < L; l++)
+    for (uint32_t t = 0; t < T; t++)
+      for (uint32_t h = 0; h < H; h++) {
+        size_t dense = (((size_t)l * T + t) * H + h) * D;
+        const uint16_t *pk = (uint16_t *)view->k + l * view->k_stride[0] + t * view->k_stride[1] +
+                             h * view->k_stride[2];
+        const uint16_t *pv = (uint16_t *)view->v + l * view->v_stride[0] + t * view->v_stride[1] +
+                             h * view->v_stride[2];
+        assert_memory_equal(pk, k + dense, 2 * D);
+        assert_memory_equal(pv, v + dense, 2 * D);
+        memset(mine + (pk - arena), 1, D);
+        memset(mine + (pv - arena), 1, D);
+      }
+  for (size_t i = 0; i < arena_n; i++)
+    if (!mine[i] && arena[i] != 0x7E7E)
+      fail_msg("decode wrote element %zu of the arena, outside every head vector", i);
+  free(mine), free(b), free(k), free(v);
+}
+
+/* vLLM's per-layer cache is [2, blocks, block_size, heads, dim]: K and V of
+ * one layer in one buffer, V a whole K-plane later. Padding is added to every
+ * stride so a stride mix-up reads or writes the wrong place. */
+static void test_serde_round_trips_vllm_interleaved_strided_view(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
+    sample s;
+    sample_make(&s, presets[i], KVT_DTYPE_BF16, 2, 16, 2, 64, 0);
+    const int64_t sh = s.D + 8, st = s.H * sh + 24, plane = s.T * st + 40, sl = 2 * plane + 64;
+    size_t arena_n = (size_t)(s.L * sl);
+    uint16_t *arena = malloc(2 * arena_n);
+    assert_non_null(arena);
+    kvt_kv_view view = {arena, arena + plane, {sl, st, sh}, {sl, st, sh}, s.L,
+                        s.T,   s.H,           s.D,          s.dtype};
+    strided_round_trip(&s, &view, arena, arena_n);
+    free(arena);
+    sample_free(&s);
+  }
+}
+
+static void test_serde_round_trips_heads_major_view(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
+    sample s;
+    sample_make(&s, presets[i], KVT_DTYPE_F16, 3, 10, 4, 32, 0);
+    const int64_t st = s.D, sh = (int64_t)s.T * s.D, sl = s.H * sh;
+    size_t arena_n = 2 * (size_t)(s.L * sl);
+    uint16_t *arena = malloc(2 * arena_n);
+    assert_non_null(arena);
+    /* K [layer][head][token][dim], V the same after all of K. */
+    kvt_kv_view view = {arena, arena + s.L * sl, {sl, st, sh}, {sl, st, sh}, s.L, s.T, s.H,
+                        s.D,   s.dtype};
+    strided_round_trip(&s, &view, arena, arena_n);
+    free(arena);
+    sample_free(&s);
+  }
+}
+
+/* ---- encode failures ---- */
+
+static void test_serde_encode_rejects_too_small_buffer(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  kvt_kv_view view;
+  kvt_kv_view_dense(&view, s.k, s.v, s.dtype, s.L, s.T, s.H, s.D);
+  uint8_t *b = malloc(s.len);
+  assert_non_null(b);
+  size_t len, caps[] = {1, HDR_FIXED, 319, 320, 576, 1024, s.len - 1};
+  for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++)
+    expect_rc(kvt_encode(ctx, &s.p, &view, b, caps[i], &len), KVT_ENOBUFS, "bytes given",
+              "small cap");
+  /* Without the lossless stage the bound is exact. */
+  assert_int_equal(kvt_encode(ctx, &s.p, &view, b, s.len, &len), 0);
+  assert_int_equal(len, s.len);
+  free(b);
+  sample_free(&s);
+}
+
+/* kvt_encode_bound() must hold for a view that does not start at layer 0:
+ * raw= names absolute layers, and a raw layer is larger than a quantized one. */
+static void test_serde_encode_bound_covers_raw_layers_of_a_later_view(void **state) {
+  (void)state;
+  sample s;
+  sample_make(&s, "fp8", KVT_DTYPE_BF16, 2, 4, 2, 16, 0);
+  kvt_encode_params p = s.p;
+  assert_int_equal(kvt_codec_parse(ctx, "fp8,raw=5", &p.spec), 0);
+  p.layer_begin = 4;
+  p.model_layers = 8;
+  uint64_t bound;
+  assert_int_equal(kvt_encode_bound(ctx, &p.spec, p.layer_begin, s.L, s.T, s.H, s.D, &bound), 0);
+  uint8_t *b = malloc(bound + 4096);
+  assert_non_null(b);
+  kvt_kv_view view;
+  kvt_kv_view_dense(&view, s.k, s.v, s.dtype, s.L, s.T, s.H, s.D);
+  size_t len = 0;
+  assert_int_equal(kvt_encode(ctx, &p, &view, b, bound + 4096, &len), 0);
+  free(b);
+  sample_free(&s);
+  if (len > bound)
+    fail_msg("kvt_encode_bound said %llu bytes; layers 4..5 with raw=5 need %zu",
+             (unsigned long long)bound, len);
+}
+
+static const uint16_t NAN16 = 0x7FC0, INF_BF16 = 0x7F80, INF_F16 = 0x7C00;
+
+static void test_serde_encode_names_nonfinite_in_quantized_tensor(void **state) {
+  (void)state;
+  static const struct {
+    const char *spec;
+    int dtype, in_v;
+    uint16_t bad;
+    const char *detail;
+  } cases[] = {
+      {"fp8", KVT_DTYPE_BF16, 1, 0x7FC0, "V layer 1 token 3 head 1 dim 5 is NaN"},
+      {"int8", KVT_DTYPE_BF16, 0, 0x7F80, "K layer 1 token 3 head 1 dim 5 is Inf"},
+      {"int8", KVT_DTYPE_F16, 0, 0xFC00, "K layer 1 token 3 head 1 dim 5 is Inf"},
+      {"k16v8", KVT_DTYPE_F16, 1, 0x7E01, "V layer 1 token 3 head 1 dim 5 is NaN"},
+      {"int4", KVT_DTYPE_BF16, 0, 0xFFC0, "K layer 1 token 3 head 1 dim 5 is NaN"},
+      {"int4,kgroup=dim", KVT_DTYPE_BF16, 0, 0x7F80, "K layer 1 token 3 head 1 dim 5 is Inf"},
+      {"k16v4", KVT_DTYPE_F16, 1, 0x7C00, "V layer 1 token 3 head 1 dim 5 is Inf"},
+      {"fp8,scale=layer", KVT_DTYPE_BF16, 1, 0x7FC0, "V layer 1 token 3 head 1 dim 5"},
+      {"int8,scale=block,block=4", KVT_DTYPE_BF16, 0, 0x7FC0, "K layer 1 token 3 head 1 dim 5"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    sample s;
+    sample_make(&s, cases[i].spec, cases[i].dtype, 2, 4, 2, 32, 0);
+    uint16_t *t = cases[i].in_v ? s.v : s.k;
+    t[(((size_t)1 * s.T + 3) * s.H + 1) * s.D + 5] = cases[i].bad;
+    kvt_kv_view view;
+    kvt_kv_view_dense(&view, s.k, s.v, s.dtype, s.L, s.T, s.H, s.D);
+    size_t len;
+    expect_rc(kvt_encode(ctx, &s.p, &view, s.buf, s.len, &len), KVT_ENONFINITE, cases[i].detail,
+              cases[i].spec);
+    sample_free(&s);
+  }
+}
+
+/* n16 sections copy bits: NaN and Inf are the engine's business there. */
+static void test_serde_encode_keeps_nonfinite_in_n16_tensor_bit_exact(void **state) {
+  (void)state;
+  const char *specs[] = {"k16v8", "raw", "fp8,raw=1"};
+  for (int i = 0; i < 3; i++)
+    for (int d = 0; d < 2; d++) {
+      int dtype = d ? KVT_DTYPE_F16 : KVT_DTYPE_BF16;
+      sample s;
+      sample_make(&s, specs[i], dtype, 2, 4, 2, 16, 0);
+      const uint16_t odd[] = {NAN16, 0xFFFF, 0x7F81, 0x8001, d ? INF_F16 : INF_BF16, 0xFC01};
+      uint16_t *t = i == 2 ? s.v : s.k; /* fp8,raw=1: V of layer 1 is n16 */
+      size_t layer1 = (size_t)s.T * s.H * s.D;
+      for (size_t j = 0; j < sizeof(odd) / sizeof(odd[0]); j++)
+        t[layer1 + 7 * j + 1] = odd[j];
+      sample_encode(&s);
+      uint16_t *k = malloc(2 * elems(&s)), *v = malloc(2 * elems(&s));
+      assert_true(k && v);
+      assert_int_equal(decode_dense(&s, s.buf, s.len, k, v), 0);
+      assert_memory_equal((i == 2 ? v : k) + layer1, t + layer1, 2 * layer1);
+      free(k);
+      free(v);
+      sample_free(&s);
+    }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_serde_parse_rejects_every_header_bit_flip),
+      cmocka_unit_test(test_serde_verify_rejects_every_bit_flip),
+      cmocka_unit_test(test_serde_decode_rejects_every_bit_flip_outside_padding),
+      cmocka_unit_test(test_serde_rejects_every_truncation),
+      cmocka_unit_test(test_serde_rejects_short_input_without_magic_as_format),
+      cmocka_unit_test(test_serde_rejects_trailing_byte),
+      cmocka_unit_test(test_serde_parse_names_each_bad_header_field),
+      cmocka_unit_test(test_serde_parse_rejects_header_checksum_mismatch),
+      cmocka_unit_test(test_serde_parse_accepts_reserved_bytes_of_a_newer_minor_version),
+      cmocka_unit_test(test_serde_parse_rejects_i4_group_that_does_not_divide_head_dim),
+      cmocka_unit_test(test_serde_parse_names_each_bad_section_entry),
+      cmocka_unit_test(test_serde_parse_rejects_bytes_after_the_last_section),
+      cmocka_unit_test(test_serde_parse_rejects_raw_layer_beyond_the_raw_bitmap),
+      cmocka_unit_test(test_serde_verify_rejects_nonzero_padding_that_parse_ignores),
+      cmocka_unit_test(test_serde_verify_and_decode_reject_section_checksum_mismatch),
+      cmocka_unit_test(test_serde_decode_rejects_bad_zstd_stream_with_valid_checksums),
+      cmocka_unit_test(test_serde_payload_section_reports_the_table),
+      cmocka_unit_test(test_serde_decode_rejects_foreign_key_and_fingerprint),
+      cmocka_unit_test(test_serde_decode_rejects_mismatched_view),
+      cmocka_unit_test(test_serde_decode_of_layer_subsets_matches_full_decode),
+      cmocka_unit_test(test_serde_round_trips_every_preset_with_and_without_zstd),
+      cmocka_unit_test(test_serde_zstd_request_without_zstd_is_not_supported),
+      cmocka_unit_test(test_serde_round_trips_vllm_interleaved_strided_view),
+      cmocka_unit_test(test_serde_round_trips_heads_major_view),
+      cmocka_unit_test(test_serde_encode_rejects_too_small_buffer),
+      cmocka_unit_test(test_serde_encode_bound_covers_raw_layers_of_a_later_view),
+      cmocka_unit_test(test_serde_encode_names_nonfinite_in_quantized_tensor),
+      cmocka_unit_test(test_serde_encode_keeps_nonfinite_in_n16_tensor_bit_exact),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -11,11 +11,11 @@
 
 #include "kvtier/codec.h"
 
-/* Groups whose largest magnitude is below this encode as zeros: their scales
- * would need reciprocals beyond fp32's range. */
 /* Largest head_dim the codec handles (stack arrays of this many floats). */
 #define KVT_MAX_HEAD_DIM_INTERNAL 1024
 
+/* Groups whose largest magnitude is below this encode as zeros: their scales
+ * would need reciprocals beyond fp32's range. */
 #define KVT_TINY_AMAX 7.8886090522101181e-31f /* 2^-100 */
 
 typedef struct kvt_kernels {
@@ -46,7 +46,18 @@ typedef struct kvt_kernels {
                     const float *inv, uint8_t *dst);
   void (*dq_i4_chan)(const uint8_t *src, size_t n, const float *scale,
                      const float *zero, int dtype, uint16_t *dst);
+  /* i4 parameters of n groups from their min and max (kvt_i4_params): the
+   * (fp16 scale, fp16 zero) pairs into params[4i..4i+3], and fp32 zero[i] and
+   * inv[i]. Returns n, or the index of the first group that does not fit. */
+  size_t (*i4_params)(const float *mn, const float *mx, size_t n, uint8_t *params,
+                      float *zero, float *inv);
+  /* The (scale, zero) fp16 pairs of n groups widened to fp32. */
+  void (*i4_unpack)(const uint8_t *params, size_t n, float *scale, float *zero);
 } kvt_kernels;
+
+/* AVX2 conversions of fp32 arrays, exported for the exhaustive tests. */
+void kvt_avx2_f32_to_e4m3(const float *src, size_t n, uint8_t *dst);
+void kvt_avx2_f32_to_16(const float *src, size_t n, int dtype, uint16_t *dst);
 
 const kvt_kernels *kvt_kernels_scalar(void);
 /* NULL when the build has no AVX2 path. */
@@ -66,9 +77,23 @@ static inline uint16_t kvt_f2h(float f, int dtype) {
 uint16_t kvt_f32_to_f16_rd(float f);
 uint16_t kvt_f32_to_f16_ru(float f);
 
-/* Scale parameters, computed once by scalar code for every path. */
-void kvt_e4m3_scale(float amax, float *scale, float *inv);
-void kvt_i8_scale(float amax, float *scale, float *inv);
+/* Scale parameters, computed once by scalar code for every path; inline so
+ * their divisions overlap the row's other work. */
+static inline void kvt_scale_for(float amax, float qmax, float *scale, float *inv) {
+  if (!(amax >= KVT_TINY_AMAX)) {
+    *scale = 0.0f;
+    *inv = 0.0f;
+    return;
+  }
+  *scale = amax / qmax;
+  *inv = 1.0f / *scale;
+}
+static inline void kvt_e4m3_scale(float amax, float *scale, float *inv) {
+  kvt_scale_for(amax, 448.0f, scale, inv);
+}
+static inline void kvt_i8_scale(float amax, float *scale, float *inv) {
+  kvt_scale_for(amax, 127.0f, scale, inv);
+}
 /* i4: zero = f16_rd(min), scale = f16_ru((max - zero) / 15). Returns 0, or
  * KVT_ERANGE when either does not fit fp16. */
 int kvt_i4_params(float mn, float mx, uint16_t *scale_h, uint16_t *zero_h,

@@ -105,30 +105,11 @@ float kvt_e4m3_to_f32(uint8_t b) {
   uint32_t mag = b & 0x7Fu;
   if (mag == 0x7Fu)
     return u2f(0x7FC00000u | ((uint32_t)(b & 0x80u) << 24));
-  /* Exponent and mantissa land in fp32's fields; 2^120 re-biases, and the
-   * same product turns e4m3 subnormals into the right values. */
-  float v = u2f(mag << 20) * 0x1p120f;
+  /* Exponent and mantissa land in fp32's fields and 2^120 re-biases them.
+   * Subnormal codes are computed apart: the same product would read an fp32
+   * denormal, which a caller's denormals-are-zero mode turns into 0. */
+  float v = mag < 8 ? (float)mag * 0x1p-9f : u2f(mag << 20) * 0x1p120f;
   return (b & 0x80u) ? -v : v;
-}
-
-void kvt_e4m3_scale(float amax, float *scale, float *inv) {
-  if (!(amax >= KVT_TINY_AMAX)) {
-    *scale = 0.0f;
-    *inv = 0.0f;
-    return;
-  }
-  *scale = amax / 448.0f;
-  *inv = 1.0f / *scale;
-}
-
-void kvt_i8_scale(float amax, float *scale, float *inv) {
-  if (!(amax >= KVT_TINY_AMAX)) {
-    *scale = 0.0f;
-    *inv = 0.0f;
-    return;
-  }
-  *scale = amax / 127.0f;
-  *inv = 1.0f / *scale;
 }
 
 int kvt_i4_params(float mn, float mx, uint16_t *scale_h, uint16_t *zero_h,

@@ -115,9 +115,30 @@ static void s_dq_i4_chan(const uint8_t *src, size_t n, const float *scale,
   }
 }
 
+static size_t s_i4_params(const float *mn, const float *mx, size_t n, uint8_t *params,
+                          float *zero, float *inv) {
+  for (size_t i = 0; i < n; i++) {
+    uint16_t sh, zh;
+    float scale;
+    if (kvt_i4_params(mn[i], mx[i], &sh, &zh, &scale, &zero[i], &inv[i]))
+      return i;
+    kvt_st16(params + 4 * i, sh);
+    kvt_st16(params + 4 * i + 2, zh);
+  }
+  return n;
+}
+
+static void s_i4_unpack(const uint8_t *params, size_t n, float *scale, float *zero) {
+  for (size_t i = 0; i < n; i++) {
+    scale[i] = kvt_f16_to_f32(kvt_ld16(params + 4 * i));
+    zero[i] = kvt_f16_to_f32(kvt_ld16(params + 4 * i + 2));
+  }
+}
+
 static const kvt_kernels scalar_kernels = {
-    "scalar", s_amax,  s_minmax, s_minmax_acc, s_q_e4m3,    s_dq_e4m3,
-    s_q_i8,   s_dq_i8, s_q_i4,   s_dq_i4,      s_q_i4_chan, s_dq_i4_chan,
+    "scalar",     s_amax,      s_minmax,    s_minmax_acc, s_q_e4m3,
+    s_dq_e4m3,    s_q_i8,      s_dq_i8,     s_q_i4,       s_dq_i4,
+    s_q_i4_chan,  s_dq_i4_chan, s_i4_params, s_i4_unpack,
 };
 
 const kvt_kernels *kvt_kernels_scalar(void) { return &scalar_kernels; }

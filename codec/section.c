@@ -57,6 +57,11 @@ static int fail_nonfinite(kvt_ctx *ctx, const kvt_section_shape *s, uint32_t t,
                   kv_name(s), s->layer, t, h, d, isnan(x) ? "NaN" : "Inf");
 }
 
+/* Whether a layer's [token][head][dim] elements are one contiguous block. */
+static int dense(const kvt_section_shape *s, int64_t stride_t, int64_t stride_h) {
+  return stride_h == (int64_t)s->head_dim && stride_t == (int64_t)s->heads * s->head_dim;
+}
+
 static inline const uint16_t *row_at(const kvt_section_src *src, uint32_t t, uint32_t h) {
   return src->base + (int64_t)t * src->stride_t + (int64_t)h * src->stride_h;
 }
@@ -127,29 +132,39 @@ static int fail_range(kvt_ctx *ctx, const kvt_section_shape *s, uint32_t t, uint
                   kv_name(s), s->layer, t, h, mn, mx);
 }
 
+/* Groups whose parameters one batched call computes: several rows' worth. */
+#define I4_BATCH 256
+
 static int encode_i4_dim(kvt_ctx *ctx, const kvt_kernels *k, const kvt_codec_spec *spec,
                          const kvt_section_shape *s, const kvt_section_src *src,
                          uint8_t *dst) {
-  const uint32_t T = s->tokens, H = s->heads, D = s->head_dim, G = spec->group;
+  const uint32_t T = s->tokens, H = s->heads, D = s->head_dim, G = spec->group, NG = D / G;
+  const uint32_t rows = I4_BATCH / NG ? I4_BATCH / NG : 1; /* NG <= 512 */
   uint8_t *params = dst;
   uint8_t *codes = dst + kvt_align_up(4 * n_i4_groups(spec, s), 16);
   memset(params, 0, codes - params);
+  float mn[KVT_MAX_HEAD_DIM_INTERNAL / 2 > I4_BATCH ? KVT_MAX_HEAD_DIM_INTERNAL / 2 : I4_BATCH];
+  float mx[sizeof(mn) / sizeof(mn[0])], zero[sizeof(mn) / sizeof(mn[0])];
+  float inv[sizeof(mn) / sizeof(mn[0])];
   for (uint32_t t = 0; t < T; t++)
-    for (uint32_t h = 0; h < H; h++) {
-      const uint16_t *row = row_at(src, t, h);
-      size_t base = ((size_t)t * H + h) * D;
-      for (uint32_t g = 0; g < D; g += G) {
-        float mn, mx, scale, zero, inv;
-        uint16_t sh, zh;
-        size_t r = k->minmax(row + g, G, s->dtype, &mn, &mx);
-        if (r != G)
-          return fail_nonfinite(ctx, s, t, h, src, g + r);
-        if (kvt_i4_params(mn, mx, &sh, &zh, &scale, &zero, &inv))
-          return fail_range(ctx, s, t, h, mn, mx);
-        uint8_t *p = params + 4 * ((base + g) / G);
-        kvt_st16(p, sh);
-        kvt_st16(p + 2, zh);
-        k->q_i4(row + g, G, s->dtype, zero, inv, codes + (base + g) / 2);
+    for (uint32_t h0 = 0; h0 < H; h0 += rows) {
+      uint32_t h1 = h0 + rows < H ? h0 + rows : H, n = (h1 - h0) * NG;
+      for (uint32_t h = h0; h < h1; h++)
+        for (uint32_t g = 0; g < NG; g++) {
+          uint32_t j = (h - h0) * NG + g;
+          size_t r = k->minmax(row_at(src, t, h) + g * G, G, s->dtype, &mn[j], &mx[j]);
+          if (r != G)
+            return fail_nonfinite(ctx, s, t, h, src, g * G + r);
+        }
+      size_t base = ((size_t)t * H + h0) * D;
+      size_t bad = k->i4_params(mn, mx, n, params + 4 * (base / G), zero, inv);
+      if (bad != n)
+        return fail_range(ctx, s, t, h0 + (uint32_t)bad / NG, mn[bad], mx[bad]);
+      for (uint32_t h = h0; h < h1; h++) {
+        const uint16_t *row = row_at(src, t, h);
+        size_t b = ((size_t)t * H + h) * D, j = (h - h0) * NG;
+        for (uint32_t g = 0; g < NG; g++)
+          k->q_i4(row + g * G, G, s->dtype, zero[j + g], inv[j + g], codes + (b + g * G) / 2);
       }
     }
   return 0;
@@ -177,14 +192,9 @@ static int encode_i4_tok(kvt_ctx *ctx, const kvt_kernels *k, const kvt_codec_spe
           return fail_nonfinite(ctx, s, t, h, src, r);
       }
       uint8_t *p = params + 4 * (((size_t)(t0 / G) * H + h) * D);
-      for (uint32_t d = 0; d < D; d++) {
-        float scale;
-        uint16_t sh, zh;
-        if (kvt_i4_params(mn[d], mx[d], &sh, &zh, &scale, &zero[d], &inv[d]))
-          return fail_range(ctx, s, t0, h, mn[d], mx[d]);
-        kvt_st16(p + 4 * d, sh);
-        kvt_st16(p + 4 * d + 2, zh);
-      }
+      size_t bad = k->i4_params(mn, mx, D, p, zero, inv);
+      if (bad != D)
+        return fail_range(ctx, s, t0, h, mn[bad], mx[bad]);
       for (uint32_t t = t0; t < t1; t++)
         k->q_i4_chan(row_at(src, t, h), D, s->dtype, zero, inv,
                      codes + ((size_t)t * H + h) * D / 2);
@@ -199,6 +209,10 @@ int kvt_section_encode(kvt_ctx *ctx, const kvt_codec_spec *spec,
   const kvt_kernels *k = kvt_kernels_for(ctx);
   switch (s->fmt) {
   case KVT_FMT_N16:
+    if (dense(s, src->stride_t, src->stride_h)) {
+      memcpy(dst, src->base, 2 * (size_t)s->tokens * s->heads * s->head_dim);
+      return 0;
+    }
     for (uint32_t t = 0; t < s->tokens; t++)
       for (uint32_t h = 0; h < s->heads; h++)
         memcpy(dst + 2 * ((size_t)t * s->heads + h) * s->head_dim, row_at(src, t, h),
@@ -248,28 +262,23 @@ static void decode_i4(const kvt_kernels *k, const kvt_codec_spec *spec,
   const uint32_t T = s->tokens, H = s->heads, D = s->head_dim, G = spec->group;
   const uint8_t *params = src;
   const uint8_t *codes = src + kvt_align_up(4 * n_i4_groups(spec, s), 16);
+  float scale[KVT_MAX_HEAD_DIM_INTERNAL], zero[KVT_MAX_HEAD_DIM_INTERNAL];
   if (!kivi(spec, s)) {
+    const uint32_t NG = D / G;
     for (uint32_t t = 0; t < T; t++)
       for (uint32_t h = 0; h < H; h++) {
         size_t b = ((size_t)t * H + h) * D;
         uint16_t *out = base + (int64_t)t * st + (int64_t)h * sh;
-        for (uint32_t g = 0; g < D; g += G) {
-          const uint8_t *p = params + 4 * ((b + g) / G);
-          k->dq_i4(codes + (b + g) / 2, G, kvt_f16_to_f32(kvt_ld16(p)),
-                   kvt_f16_to_f32(kvt_ld16(p + 2)), s->dtype, out + g);
-        }
+        k->i4_unpack(params + 4 * (b / G), NG, scale, zero);
+        for (uint32_t g = 0; g < NG; g++)
+          k->dq_i4(codes + (b + g * G) / 2, G, scale[g], zero[g], s->dtype, out + g * G);
       }
     return;
   }
-  float scale[KVT_MAX_HEAD_DIM_INTERNAL], zero[KVT_MAX_HEAD_DIM_INTERNAL];
   for (uint32_t t0 = 0; t0 < T; t0 += G) {
     uint32_t t1 = t0 + G < T ? t0 + G : T;
     for (uint32_t h = 0; h < H; h++) {
-      const uint8_t *p = params + 4 * (((size_t)(t0 / G) * H + h) * D);
-      for (uint32_t d = 0; d < D; d++) {
-        scale[d] = kvt_f16_to_f32(kvt_ld16(p + 4 * d));
-        zero[d] = kvt_f16_to_f32(kvt_ld16(p + 4 * d + 2));
-      }
+      k->i4_unpack(params + 4 * (((size_t)(t0 / G) * H + h) * D), D, scale, zero);
       for (uint32_t t = t0; t < t1; t++)
         k->dq_i4_chan(codes + ((size_t)t * H + h) * D / 2, D, scale, zero, s->dtype,
                       base + (int64_t)t * st + (int64_t)h * sh);
@@ -283,6 +292,10 @@ void kvt_section_decode(kvt_ctx *ctx, const kvt_codec_spec *spec,
   const kvt_kernels *k = kvt_kernels_for(ctx);
   switch (s->fmt) {
   case KVT_FMT_N16:
+    if (dense(s, stride_t, stride_h)) {
+      memcpy(base, src, 2 * (size_t)s->tokens * s->heads * s->head_dim);
+      return;
+    }
     for (uint32_t t = 0; t < s->tokens; t++)
       for (uint32_t h = 0; h < s->heads; h++)
         memcpy(base + (int64_t)t * stride_t + (int64_t)h * stride_h,

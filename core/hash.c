@@ -12,8 +12,28 @@ _Static_assert(sizeof(XXH3_state_t) <= sizeof(((kvt_hash128_stream *)0)->opaque)
                "kvt_hash128_stream too small for XXH3_state_t");
 _Static_assert(_Alignof(XXH3_state_t) <= 64, "XXH3_state_t alignment");
 
-uint64_t kvt_hash64(const void *data, size_t len) {
+static uint64_t hash64_base(const void *data, size_t len) {
   return (uint64_t)XXH3_64bits(data, len);
+}
+
+#ifdef KVT_HAVE_AVX2
+uint64_t kvt_hash64_avx2(const void *data, size_t len);
+#endif
+
+typedef uint64_t (*hash64_fn)(const void *, size_t);
+static hash64_fn hash64_impl; /* chosen once; every choice gives the same hash */
+
+uint64_t kvt_hash64(const void *data, size_t len) {
+  hash64_fn f = __atomic_load_n(&hash64_impl, __ATOMIC_RELAXED);
+  if (KVT_UNLIKELY(!f)) {
+    f = hash64_base;
+#ifdef KVT_HAVE_AVX2
+    if (kvt_cpu_has_avx2())
+      f = kvt_hash64_avx2;
+#endif
+    __atomic_store_n(&hash64_impl, f, __ATOMIC_RELAXED);
+  }
+  return f(data, len);
 }
 
 uint64_t kvt_hash64_2(const void *a, size_t na, const void *b, size_t nb) {

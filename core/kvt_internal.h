@@ -95,6 +95,34 @@ static inline void kvt_st64(void *p, uint64_t v) {
   kvt_st32((uint8_t *)p + 4, (uint32_t)(v >> 32));
 }
 
+/* The codecs' bytes are defined for IEEE round-to-nearest-even with
+ * subnormals (serde/FORMAT.md). An engine may run with another rounding mode
+ * or with flush-to-zero/denormals-are-zero set (torch.set_flush_denormal), so
+ * encode and decode run in the default SSE environment and restore the
+ * caller's afterwards. */
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+typedef struct kvt_fpenv {
+  unsigned csr;
+} kvt_fpenv;
+#define KVT_MXCSR_DEFAULT 0x1F80u /* all exceptions masked, nearest, no FTZ/DAZ */
+static inline void kvt_fpenv_enter(kvt_fpenv *e) {
+  e->csr = _mm_getcsr();
+  if ((e->csr & ~0x3Fu) != KVT_MXCSR_DEFAULT) /* the low six bits are status flags */
+    _mm_setcsr(KVT_MXCSR_DEFAULT);
+}
+static inline void kvt_fpenv_leave(const kvt_fpenv *e) {
+  if ((e->csr & ~0x3Fu) != KVT_MXCSR_DEFAULT)
+    _mm_setcsr(e->csr);
+}
+#else
+typedef struct kvt_fpenv {
+  int unused;
+} kvt_fpenv;
+static inline void kvt_fpenv_enter(kvt_fpenv *e) { (void)e; }
+static inline void kvt_fpenv_leave(const kvt_fpenv *e) { (void)e; }
+#endif
+
 static inline uint64_t kvt_align_up(uint64_t x, uint64_t a) {
   return (x + a - 1) & ~(a - 1);
 }

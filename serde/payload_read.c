@@ -312,8 +312,20 @@ static int check_dst(kvt_ctx *ctx, const kvt_payload_info *in, const kvt_decode_
   return 0;
 }
 
+static int decode(kvt_ctx *ctx, const void *buf, size_t len, const kvt_decode_params *dp,
+                  const kvt_kv_view *d);
+
 int kvt_decode(kvt_ctx *ctx, const void *buf, size_t len, const kvt_decode_params *dp,
                const kvt_kv_view *d) {
+  kvt_fpenv env;
+  kvt_fpenv_enter(&env);
+  int rc = decode(ctx, buf, len, dp, d);
+  kvt_fpenv_leave(&env);
+  return rc;
+}
+
+static int decode(kvt_ctx *ctx, const void *buf, size_t len, const kvt_decode_params *dp,
+                  const kvt_kv_view *d) {
   if (dp && dp->struct_size < sizeof(kvt_decode_params))
     return kvt_fail(ctx, -EINVAL, "kvt_decode_params.struct_size too small");
   parsed p;

@@ -153,8 +153,20 @@ static void put_header(const kvt_encode_params *p, const kvt_kv_view *v, uint8_t
   kvt_st64(dst + H_CHECKSUM, kvt_header_checksum(dst, hsize));
 }
 
-int kvt_encode(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_kv_view *v, void *dst_,
+static int encode(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_kv_view *v, void *dst_,
+                  size_t cap, size_t *len);
+
+int kvt_encode(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_kv_view *v, void *dst,
                size_t cap, size_t *len) {
+  kvt_fpenv env;
+  kvt_fpenv_enter(&env);
+  int rc = encode(ctx, p, v, dst, cap, len);
+  kvt_fpenv_leave(&env);
+  return rc;
+}
+
+static int encode(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_kv_view *v, void *dst_,
+                  size_t cap, size_t *len) {
   kvt_clear_error(ctx);
   uint8_t *dst = dst_;
   if (!p || p->struct_size < sizeof(kvt_encode_params) || !dst || !len)

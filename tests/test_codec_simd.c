@@ -1,8 +1,9 @@
 /* tests/test_codec_simd.c - the AVX2 codec kernels give the scalar kernels'
  * bytes: on random rows at many magnitudes, on every 16-bit input pattern and
  * every code byte with parameters that reach subnormals, saturation and
- * clamping, and on every short length (tails) from exactly sized buffers so
- * that the sanitizer build catches a read or write past the end. */
+ * clamping, and on every short length (tails) from exactly sized, sometimes
+ * misaligned buffers so that the sanitizer build catches a read or write past
+ * the end. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -78,8 +79,8 @@ static void check_minmax(const uint16_t *x, size_t n, int dt) {
   float a[2] = {-1, -1}, b[2] = {-1, -1};
   size_t ra = S->minmax(x, n, dt, &a[0], &a[1]), rb = A->minmax(x, n, dt, &b[0], &b[1]);
   if (ra != rb || (ra == n && memcmp(a, b, 8)))
-    fail_msg("minmax dtype %d n %zu: scalar %zu [%a %a], avx2 %zu [%a %a]", dt, n, ra, a[0],
-             a[1], rb, b[0], b[1]);
+    fail_msg("minmax dtype %d n %zu: scalar %zu [%a %a], avx2 %zu [%a %a]", dt, n, ra, a[0], a[1],
+             rb, b[0], b[1]);
 }
 
 /* Accumulates x into copies of (mn, mx) with both kernels and compares the
@@ -104,8 +105,8 @@ static void check_q_e4m3(const uint16_t *x, size_t n, int dt, float inv) {
   A->q_e4m3(x, n, dt, inv, b);
   for (size_t i = 0; i < n; i++)
     if (a[i] != b[i])
-      fail_msg("q_e4m3 dtype %d inv %a x[%zu]=0x%04x: scalar 0x%02x avx2 0x%02x", dt, inv, i,
-               x[i], a[i], b[i]);
+      fail_msg("q_e4m3 dtype %d inv %a x[%zu]=0x%04x: scalar 0x%02x avx2 0x%02x", dt, inv, i, x[i],
+               a[i], b[i]);
   free(a);
   free(b);
 }
@@ -148,8 +149,8 @@ static void check_q_i4_chan(const uint16_t *x, size_t n, int dt, const float *ze
   free(b);
 }
 
-static void check_out16(const char *what, int dt, size_t n, const uint16_t *a,
-                        const uint16_t *b, float p0, float p1) {
+static void check_out16(const char *what, int dt, size_t n, const uint16_t *a, const uint16_t *b,
+                        float p0, float p1) {
   for (size_t i = 0; i < n; i++)
     if (a[i] != b[i])
       fail_msg("%s dtype %d n %zu params %a %a out[%zu]: scalar 0x%04x avx2 0x%04x", what, dt, n,
@@ -206,9 +207,9 @@ static size_t all_patterns(uint16_t *x, int dtype, int finite_only) {
 
 /* Multipliers for e4m3 and i8: plain, realistic (from amax), ones that push
  * most results into e4m3 subnormals or flush them, and ones that saturate. */
-static const float invs[] = {1.0f,    448.0f / 3.0f, 448.0f / 65504.0f, 0x1p-8f, 0x1p-16f,
-                             0x1p-20f, 0x1p-126f,    0x1p20f,           0x1p100f, 0.0f,
-                             -2.0f,   0.999f};
+static const float invs[] = {1.0f,     448.0f / 3.0f, 448.0f / 65504.0f, 0x1p-8f,  0x1p-16f,
+                             0x1p-20f, 0x1p-126f,     0x1p20f,           0x1p100f, 0.0f,
+                             -2.0f,    0.999f};
 
 /* (zero, inv) pairs for i4, from kvt_i4_params on some ranges plus extremes. */
 static void i4_pairs(int dtype, float zero[8], float inv[8]) {
@@ -216,8 +217,7 @@ static void i4_pairs(int dtype, float zero[8], float inv[8]) {
   for (int k = 0; k < 4; k++) {
     uint16_t sh, zh;
     float s;
-    assert_int_equal(
-        kvt_i4_params(ranges[k][0], ranges[k][1], &sh, &zh, &s, &zero[k], &inv[k]), 0);
+    assert_int_equal(kvt_i4_params(ranges[k][0], ranges[k][1], &sh, &zh, &s, &zero[k], &inv[k]), 0);
   }
   zero[4] = 0.0f, inv[4] = 1.0f;
   zero[5] = -0.5f, inv[5] = 0x1p20f; /* nearly everything clamps */
@@ -255,7 +255,9 @@ static void test_avx2_minmax_keeps_sign_of_first_zero_like_scalar(void **state) 
       uint16_t neg = (it & 1) ? 0x8000 : 0;
       for (size_t i = 0; i < n; i++) {
         uint64_t p = kvt_rng_next(&r) % 4;
-        x[i] = p == 0 ? 0x0000 : p == 1 ? 0x8000 : (uint16_t)(neg | (1 + kvt_rng_next(&r) % 0x3000));
+        x[i] = p == 0   ? 0x0000
+               : p == 1 ? 0x8000
+                        : (uint16_t)(neg | (1 + kvt_rng_next(&r) % 0x3000));
         if (it % 4 >= 2)
           x[i] &= 0x8000; /* zeros only */
       }
@@ -365,9 +367,10 @@ static void test_avx2_i8_matches_scalar_on_all_finite_16bit_inputs(void **state)
 
 /* Scales for the dequantisers: realistic, ones with subnormal and overflowing
  * products, ones past the vector path's exact range, and non-finite. */
-static const float scales[] = {1.0f,     3.0f / 448.0f, 65504.0f / 448.0f, 0x1p-140f, 0x1p-130f,
-                               0x1p-149f, 255.99f,      256.0f,            0x1p120f,  0.0f,
-                               -1.5f,    INFINITY,      NAN,               1e-3f};
+static const float scales[] = {
+    1.0f,    3.0f / 448.0f, 65504.0f / 448.0f, 0x1p-140f, 0x1p-130f, 0x1p-149f,
+    255.99f, 256.0f,        0x1p120f,          0.0f,      -1.5f,     INFINITY,
+    NAN,     1e-3f};
 
 static void test_avx2_dequant_e4m3_and_i8_match_scalar_on_all_codes(void **state) {
   (void)state;
@@ -518,9 +521,10 @@ static void test_avx2_i4_matches_scalar_on_random_groups(void **state) {
 
 /* ---- tests: tails ------------------------------------------------------------ */
 
-/* Every kernel on lengths 1..67 at odd offsets, from heap copies of exactly
- * the length, so out-of-bounds loads in tails fail under ASan. */
-static void tails_for_length(kvt_rng *r, int dt, size_t n) {
+/* Every kernel on lengths 1..67. Each input sits at the very end of its own
+ * heap block (so ASan sees a read past the last element) and, when shift is
+ * set, one element off the block's alignment (so no load may assume it). */
+static void tails_for_length(kvt_rng *r, int dt, size_t n, int shift) {
   uint16_t row[80];
   uint8_t codes[80];
   float p[4][80];
@@ -532,13 +536,15 @@ static void tails_for_length(kvt_rng *r, int dt, size_t n) {
     p[2][i] = 15.0f / 4.0f;
     p[3][i] = 4.0f / 15.0f;
   }
-  uint16_t *x = xmalloc(2 * n);
-  uint8_t *q = xmalloc(n);
-  float *f[4];
+  const size_t s = shift ? 1 : 0;
+  uint16_t *xb = xmalloc(2 * (n + s)), *x = xb + s;
+  uint8_t *qb = xmalloc(n + s), *q = qb + s;
+  float *fb[4], *f[4];
   memcpy(x, row, 2 * n);
   memcpy(q, codes, n);
   for (int k = 0; k < 4; k++) {
-    f[k] = xmalloc(4 * n);
+    fb[k] = xmalloc(4 * (n + s));
+    f[k] = fb[k] + s;
     memcpy(f[k], p[k], 4 * n);
   }
   check_amax(x, n, dt);
@@ -554,10 +560,10 @@ static void tails_for_length(kvt_rng *r, int dt, size_t n) {
     check_dq_i4(q, n, 4.0f / 15.0f, -2.0f, dt);
     check_dq_i4_chan(q, n, f[3], f[0], dt);
   }
-  free(x);
-  free(q);
+  free(xb);
+  free(qb);
   for (int k = 0; k < 4; k++)
-    free(f[k]);
+    free(fb[k]);
 }
 
 static void test_avx2_kernels_match_scalar_on_every_short_length(void **state) {
@@ -566,7 +572,7 @@ static void test_avx2_kernels_match_scalar_on_every_short_length(void **state) {
   for (int d = 0; d < 2; d++)
     for (size_t n = 1; n <= 67; n++)
       for (int rep = 0; rep < 4; rep++)
-        tails_for_length(&r, dtypes[d], n);
+        tails_for_length(&r, dtypes[d], n, rep & 1);
 }
 
 static void test_avx2_kernels_accept_empty_rows_like_scalar(void **state) {
@@ -575,6 +581,75 @@ static void test_avx2_kernels_accept_empty_rows_like_scalar(void **state) {
   for (int d = 0; d < 2; d++) {
     check_amax(x, 0, dtypes[d]);
     check_minmax(x, 0, dtypes[d]);
+  }
+}
+
+/* i4 parameters: every fp32 min/max pair the codec can meet (bf16 and fp16
+ * values, ranges from zero to beyond fp16), and groups that do not fit. */
+static void check_i4_params(const float *mn, const float *mx, size_t n) {
+  uint8_t pa[4 * 64], pb[4 * 64];
+  float za[64], zb[64], ia[64], ib[64];
+  memset(pa, 0xAA, sizeof(pa));
+  memset(pb, 0xAA, sizeof(pb));
+  size_t ra = S->i4_params(mn, mx, n, pa, za, ia), rb = A->i4_params(mn, mx, n, pb, zb, ib);
+  assert_int_equal(ra, rb);
+  assert_memory_equal(pa, pb, 4 * ra);
+  assert_memory_equal(za, zb, sizeof(float) * ra);
+  assert_memory_equal(ia, ib, sizeof(float) * ra);
+}
+
+static void test_avx2_i4_params_match_scalar_including_out_of_range(void **state) {
+  (void)state;
+  kvt_rng r = {77};
+  float mn[64], mx[64];
+  for (int iter = 0; iter < 20000; iter++) {
+    size_t n = 1 + kvt_rng_next(&r) % 64;
+    int e = (int)(kvt_rng_next(&r) % 60) - 40; /* magnitudes 2^-40 .. 2^20 */
+    for (size_t i = 0; i < n; i++) {
+      float a = (float)(kvt_rng_normal(&r) * ldexp(1.0, e));
+      float b = (float)(kvt_rng_normal(&r) * ldexp(1.0, e));
+      if (kvt_rng_next(&r) % 16 == 0)
+        b = a; /* zero range */
+      mn[i] = a < b ? a : b;
+      mx[i] = a < b ? b : a;
+    }
+    check_i4_params(mn, mx, n);
+  }
+  /* Edges: fp16's limits for zero and for scale. */
+  const float edge[] = {65504.0f, 65519.0f, 65520.0f, -65504.0f, -65520.0f, -65536.0f,
+                        1e6f,     -1e6f,    0x1p-25f, -0x1p-25f, 0.0f,      -0.0f};
+  for (size_t i = 0; i < sizeof(edge) / sizeof(edge[0]); i++)
+    for (size_t j = 0; j < sizeof(edge) / sizeof(edge[0]); j++) {
+      float a[9], b[9];
+      for (int k = 0; k < 9; k++) {
+        a[k] = edge[i] < edge[j] ? edge[i] : edge[j];
+        b[k] = edge[i] < edge[j] ? edge[j] : edge[i];
+      }
+      check_i4_params(a, b, 9);
+    }
+}
+
+static void test_avx2_i4_unpack_matches_scalar_on_all_non_nan_fp16_pairs(void **state) {
+  (void)state;
+  uint8_t params[4 * 257];
+  float sa[257], za[257], sb[257], zb[257];
+  for (uint32_t base = 0; base < 65536; base += 256) {
+    for (uint32_t i = 0; i < 257; i++) {
+      uint16_t sc = (uint16_t)(base + i), z = (uint16_t)(65535 - base - i);
+      /* NaN payloads are not part of the contract (an encoder never writes
+       * NaN parameters; F16C quiets signalling NaNs, the scalar path keeps
+       * them): test NaN as the canonical quiet NaN only. */
+      if ((sc & 0x7FFF) > 0x7C00)
+        sc = 0x7E00;
+      if ((z & 0x7FFF) > 0x7C00)
+        z = 0x7E00;
+      params[4 * i] = (uint8_t)sc, params[4 * i + 1] = (uint8_t)(sc >> 8);
+      params[4 * i + 2] = (uint8_t)z, params[4 * i + 3] = (uint8_t)(z >> 8);
+    }
+    S->i4_unpack(params, 257, sa, za);
+    A->i4_unpack(params, 257, sb, zb);
+    assert_memory_equal(sa, sb, sizeof(sa));
+    assert_memory_equal(za, zb, sizeof(za));
   }
 }
 
@@ -587,6 +662,8 @@ int main(void) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_avx2_amax_and_minmax_match_scalar_on_random_rows),
+      cmocka_unit_test(test_avx2_i4_params_match_scalar_including_out_of_range),
+      cmocka_unit_test(test_avx2_i4_unpack_matches_scalar_on_all_non_nan_fp16_pairs),
       cmocka_unit_test(test_avx2_minmax_keeps_sign_of_first_zero_like_scalar),
       cmocka_unit_test(test_avx2_range_kernels_report_first_nonfinite_like_scalar),
       cmocka_unit_test(test_avx2_range_kernels_match_scalar_on_all_16bit_inputs),

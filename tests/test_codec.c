@@ -367,6 +367,47 @@ static void test_i4_refuses_ranges_beyond_fp16(void **state) {
   assert_non_null(strstr(kvt_ctx_last_error(ctx), "V layer 0 token 0 head 0"));
 }
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+/* An engine running with flush-to-zero, denormals-are-zero and another
+ * rounding mode gets the same payload bytes and decoded values, and its own
+ * floating-point mode back. */
+static void test_encode_decode_ignore_and_restore_the_callers_fp_mode(void **state) {
+  (void)state;
+  kvt_encode_params p = KVT_ENCODE_PARAMS_INIT;
+  assert_int_equal(kvt_codec_parse(ctx, "int4", &p.spec), 0);
+  uint16_t *k = malloc(2 * N), *v = malloc(2 * N), *out1 = malloc(4 * N), *out2 = malloc(4 * N);
+  kvt_synth_shape sh = {L, T, H, D, KVT_DTYPE_BF16, 3, 20.0f};
+  kvt_synth_kv(&sh, 3, k, v);
+  for (size_t i = 0; i < N; i += 7) /* tiny values: e4m3/fp16 subnormals */
+    v[i] = kvt_f32_to_bf16((float)(i % 5) * 1e-7f);
+  uint64_t bound;
+  assert_int_equal(kvt_encode_bound(ctx, &p.spec, 0, L, T, H, D, &bound), 0);
+  uint8_t *a = malloc(bound), *b = malloc(bound);
+  size_t la, lb;
+  kvt_kv_view in, o1, o2;
+  kvt_kv_view_dense(&in, k, v, KVT_DTYPE_BF16, L, T, H, D);
+  kvt_kv_view_dense(&o1, out1, out1 + N, KVT_DTYPE_BF16, L, T, H, D);
+  kvt_kv_view_dense(&o2, out2, out2 + N, KVT_DTYPE_BF16, L, T, H, D);
+  assert_int_equal(kvt_encode(ctx, &p, &in, a, bound, &la), 0);
+  assert_int_equal(kvt_decode(ctx, a, la, NULL, &o1), 0);
+  const unsigned saved = _mm_getcsr();
+  const unsigned odd = (saved & ~0x6000u) | 0x8040u | 0x6000u; /* FTZ, DAZ, toward zero */
+  _mm_setcsr(odd);
+  int rc1 = kvt_encode(ctx, &p, &in, b, bound, &lb);
+  int rc2 = kvt_decode(ctx, b, lb, NULL, &o2);
+  unsigned after = _mm_getcsr();
+  _mm_setcsr(saved);
+  assert_int_equal(rc1, 0);
+  assert_int_equal(rc2, 0);
+  assert_int_equal(after & ~0x3Fu, odd & ~0x3Fu);
+  assert_int_equal(la, lb);
+  assert_memory_equal(a, b, la);
+  assert_memory_equal(out1, out2, 4 * N);
+  free(a), free(b), free(k), free(v), free(out1), free(out2);
+}
+#endif
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_preset_round_trips_within_bounds_bf16),
@@ -378,6 +419,9 @@ int main(void) {
       cmocka_unit_test(test_spec_text_rejects_bad_words_with_the_cause),
       cmocka_unit_test(test_encode_rejects_shapes_the_spec_cannot_hold),
       cmocka_unit_test(test_i4_refuses_ranges_beyond_fp16),
+#if defined(__x86_64__)
+      cmocka_unit_test(test_encode_decode_ignore_and_restore_the_callers_fp_mode),
+#endif
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -51,6 +51,9 @@ typedef struct kvt_kernels {
    * inv[i]. Returns n, or the index of the first group that does not fit. */
   size_t (*i4_params)(const float *mn, const float *mx, size_t n, uint8_t *params,
                       float *zero, float *inv);
+  /* kvt_scale_for over n amax values: scale[i] = amax[i] / qmax and
+   * inv[i] = 1 / scale[i], both 0 below KVT_TINY_AMAX. */
+  void (*scales)(const float *amax, size_t n, float qmax, float *scale, float *inv);
   /* The (scale, zero) fp16 pairs of n groups widened to fp32. */
   void (*i4_unpack)(const uint8_t *params, size_t n, float *scale, float *zero);
 } kvt_kernels;

@@ -767,10 +767,26 @@ static void a_i4_unpack(const uint8_t *params, size_t n, float *scale, float *ze
     scalar()->i4_unpack(params + 4 * i, n - i, scale + i, zero + i);
 }
 
+/* Eight scales per IEEE vector division, as the scalar divisions give them. */
+static void a_scales(const float *amax, size_t n, float qmax, float *scale, float *inv) {
+  const __m256 q = _mm256_set1_ps(qmax), one = _mm256_set1_ps(1.0f);
+  const __m256 tiny = _mm256_set1_ps(KVT_TINY_AMAX);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 a = _mm256_loadu_ps(amax + i);
+    __m256 keep = _mm256_cmp_ps(a, tiny, _CMP_GE_OQ); /* false for NaN, as !(a >= tiny) */
+    __m256 sc = _mm256_div_ps(a, q);
+    _mm256_storeu_ps(scale + i, _mm256_and_ps(sc, keep));
+    _mm256_storeu_ps(inv + i, _mm256_and_ps(_mm256_div_ps(one, sc), keep));
+  }
+  if (i < n)
+    scalar()->scales(amax + i, n - i, qmax, scale + i, inv + i);
+}
+
 static const kvt_kernels avx2_kernels = {
     "avx2",      a_amax,       a_minmax,    a_minmax_acc, a_q_e4m3,
     a_dq_e4m3,   a_q_i8,       a_dq_i8,     a_q_i4,       a_dq_i4,
-    a_q_i4_chan, a_dq_i4_chan, a_i4_params, a_i4_unpack,
+    a_q_i4_chan, a_dq_i4_chan, a_i4_params, a_scales,     a_i4_unpack,
 };
 
 const kvt_kernels *kvt_kernels_avx2(void) { return &avx2_kernels; }

@@ -135,10 +135,15 @@ static void s_i4_unpack(const uint8_t *params, size_t n, float *scale, float *ze
   }
 }
 
+static void s_scales(const float *amax, size_t n, float qmax, float *scale, float *inv) {
+  for (size_t i = 0; i < n; i++)
+    kvt_scale_for(amax[i], qmax, &scale[i], &inv[i]);
+}
+
 static const kvt_kernels scalar_kernels = {
-    "scalar",     s_amax,      s_minmax,    s_minmax_acc, s_q_e4m3,
-    s_dq_e4m3,    s_q_i8,      s_dq_i8,     s_q_i4,       s_dq_i4,
-    s_q_i4_chan,  s_dq_i4_chan, s_i4_params, s_i4_unpack,
+    "scalar",    s_amax,       s_minmax,    s_minmax_acc, s_q_e4m3,
+    s_dq_e4m3,   s_q_i8,       s_dq_i8,     s_q_i4,       s_dq_i4,
+    s_q_i4_chan, s_dq_i4_chan, s_i4_params, s_scales,     s_i4_unpack,
 };
 
 const kvt_kernels *kvt_kernels_scalar(void) { return &scalar_kernels; }

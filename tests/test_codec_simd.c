@@ -629,6 +629,28 @@ static void test_avx2_i4_params_match_scalar_including_out_of_range(void **state
     }
 }
 
+static void test_avx2_scales_match_scalar_divisions(void **state) {
+  (void)state;
+  kvt_rng r = {91};
+  float amax[67], sa[67], sb[67], ia[67], ib[67];
+  const float qmax[2] = {448.0f, 127.0f};
+  for (int iter = 0; iter < 3000; iter++) {
+    size_t n = 1 + kvt_rng_next(&r) % 67;
+    for (size_t i = 0; i < n; i++) {
+      int e = (int)(kvt_rng_next(&r) % 260) - 140; /* 2^-140 .. 2^120: both sides of tiny */
+      amax[i] = (float)(kvt_rng_uniform(&r) * ldexp(1.0, e));
+      if (kvt_rng_next(&r) % 11 == 0)
+        amax[i] = kvt_rng_next(&r) % 2 ? 0.0f : KVT_TINY_AMAX;
+    }
+    for (int q = 0; q < 2; q++) {
+      S->scales(amax, n, qmax[q], sa, ia);
+      A->scales(amax, n, qmax[q], sb, ib);
+      assert_memory_equal(sa, sb, n * sizeof(float));
+      assert_memory_equal(ia, ib, n * sizeof(float));
+    }
+  }
+}
+
 static void test_avx2_i4_unpack_matches_scalar_on_all_non_nan_fp16_pairs(void **state) {
   (void)state;
   uint8_t params[4 * 257];
@@ -663,6 +685,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_avx2_amax_and_minmax_match_scalar_on_random_rows),
       cmocka_unit_test(test_avx2_i4_params_match_scalar_including_out_of_range),
+      cmocka_unit_test(test_avx2_scales_match_scalar_divisions),
       cmocka_unit_test(test_avx2_i4_unpack_matches_scalar_on_all_non_nan_fp16_pairs),
       cmocka_unit_test(test_avx2_minmax_keeps_sign_of_first_zero_like_scalar),
       cmocka_unit_test(test_avx2_range_kernels_report_first_nonfinite_like_scalar),

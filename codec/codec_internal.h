@@ -25,6 +25,11 @@ typedef struct kvt_kernels {
   size_t (*amax)(const uint16_t *src, size_t n, int dtype, float *amax);
   /* min and max of n values; same return as amax. */
   size_t (*minmax)(const uint16_t *src, size_t n, int dtype, float *mn, float *mx);
+  /* min and max of each group of G consecutive values of a row of n (n a
+   * multiple of G) into mn[n/G], mx[n/G]; same return as amax. The sign of
+   * a zero result may differ between paths (kvt_i4_params ignores it). */
+  size_t (*minmax_groups)(const uint16_t *src, size_t n, size_t G, int dtype, float *mn,
+                          float *mx);
   /* Element-wise running min/max: mn[i] = min(mn[i], x[i]), likewise mx. */
   size_t (*minmax_acc)(const uint16_t *src, size_t n, int dtype, float *mn, float *mx);
   /* dst[i] = e4m3(x[i] * inv) */
@@ -97,8 +102,9 @@ static inline void kvt_e4m3_scale(float amax, float *scale, float *inv) {
 static inline void kvt_i8_scale(float amax, float *scale, float *inv) {
   kvt_scale_for(amax, 127.0f, scale, inv);
 }
-/* i4: zero = f16_rd(min), scale = f16_ru((max - zero) / 15). Returns 0, or
- * KVT_ERANGE when either does not fit fp16. */
+/* i4: zero = f16_rd(min), scale = f16_ru((max - zero) / 15), with a zero
+ * min or max taken as +0 whatever its sign. Returns 0, or KVT_ERANGE when
+ * either does not fit fp16. */
 int kvt_i4_params(float mn, float mx, uint16_t *scale_h, uint16_t *zero_h,
                   float *scale, float *zero, float *inv);
 

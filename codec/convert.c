@@ -114,6 +114,10 @@ float kvt_e4m3_to_f32(uint8_t b) {
 
 int kvt_i4_params(float mn, float mx, uint16_t *scale_h, uint16_t *zero_h,
                   float *scale, float *zero, float *inv) {
+  /* -0 + 0 = +0: the sign of a zero extreme depends on the order a min/max
+   * scan met its zeros, which vector and GPU reductions need not share. */
+  mn += 0.0f;
+  mx += 0.0f;
   uint16_t zh = kvt_f32_to_f16_rd(mn);
   float z = kvt_f16_to_f32(zh);
   if (!isfinite(z))

@@ -314,6 +314,60 @@ static size_t a_minmax(const uint16_t *src, size_t n, int dtype, float *mn, floa
   return n;
 }
 
+/* Lane j of the result: the min (max) over the eight lanes of vector j. */
+AVX2_INLINE __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d, int max) {
+#define RED_(x, y) (max ? _mm256_max_ps(x, y) : _mm256_min_ps(x, y))
+  const __m256 ab = RED_(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+  const __m256 cd = RED_(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+  const __m256 r = RED_(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                        _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+#undef RED_
+  const __m128 lo = _mm256_castps256_ps128(r), hi = _mm256_extractf128_ps(r, 1);
+  return max ? _mm_max_ps(lo, hi) : _mm_min_ps(lo, hi);
+}
+
+/* Four groups of G (a multiple of 8) at p: their min and max into mn/mx.
+ * Returns nonzero when a value is NaN or Inf. */
+AVX2_INLINE int minmax4_body(const uint16_t *p, size_t G, int bf16, float *mn, float *mx) {
+  __m256 lo[4], hi[4], bad = _mm256_setzero_ps();
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int j = 0; j < 4; j++) {
+    const uint16_t *g = p + (size_t)j * G;
+    lo[j] = hi[j] = ld8(g, bf16);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_and_ps(lo[j], absmask), inf, _CMP_NLT_UQ));
+    for (size_t i = 8; i < G; i += 8) {
+      const __m256 x = ld8(g + i, bf16);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_and_ps(x, absmask), inf, _CMP_NLT_UQ));
+      lo[j] = _mm256_min_ps(lo[j], x);
+      hi[j] = _mm256_max_ps(hi[j], x);
+    }
+  }
+  if (_mm256_movemask_ps(bad))
+    return 1;
+  _mm_storeu_ps(mn, reduce4(lo[0], lo[1], lo[2], lo[3], 0));
+  _mm_storeu_ps(mx, reduce4(hi[0], hi[1], hi[2], hi[3], 1));
+  return 0;
+}
+
+/* Four groups per step, reduced across groups with shuffles rather than one
+ * horizontal reduction each: groups of 32 are a few vectors, and the
+ * reduction is what costs. */
+static size_t a_minmax_groups(const uint16_t *src, size_t n, size_t G, int dtype, float *mn,
+                              float *mx) {
+  const size_t ng = n / G;
+  if (G % 8 || ng % 4)
+    return scalar()->minmax_groups(src, n, G, dtype, mn, mx);
+  const int bf16 = dtype == KVT_DTYPE_BF16;
+  for (size_t g = 0; g < ng; g += 4) {
+    int bad = bf16 ? minmax4_body(src + g * G, G, 1, mn + g, mx + g)
+                   : minmax4_body(src + g * G, G, 0, mn + g, mx + g);
+    if (bad) /* the scalar kernel finds the first non-finite element */
+      return g * G + scalar()->minmax_groups(src + g * G, n - g * G, G, dtype, mn + g, mx + g);
+  }
+  return n;
+}
+
 AVX2_INLINE void minmax_acc_body(const uint16_t *src, size_t n, int bf16, float *mn, float *mx) {
   /* min_ps(x, m) is x < m ? x : m, the scalar expression, equal zeros and all. */
   for (size_t i = 0; i < n; i += 8) {
@@ -703,9 +757,11 @@ AVX2_INLINE int i4_params8(const float *mn, const float *mx, uint8_t *params, fl
   const __m256 inf = _mm256_set1_ps(INFINITY), fifteen = _mm256_set1_ps(15.0f);
   const __m256 one = _mm256_set1_ps(1.0f);
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  __m128i zh = _mm256_cvtps_ph(_mm256_loadu_ps(mn), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m256 pz = _mm256_setzero_ps(); /* + 0: a zero extreme counts as +0 */
+  __m128i zh = _mm256_cvtps_ph(_mm256_add_ps(_mm256_loadu_ps(mn), pz),
+                               _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   __m256 z = _mm256_cvtph_ps(zh);
-  __m256 q = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(mx), z), fifteen);
+  __m256 q = _mm256_div_ps(_mm256_sub_ps(_mm256_add_ps(_mm256_loadu_ps(mx), pz), z), fifteen);
   __m128i sh = _mm256_cvtps_ph(q, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
   __m256 sc = _mm256_cvtph_ps(sh);
   __m256 bad = _mm256_or_ps(_mm256_cmp_ps(_mm256_and_ps(z, absmask), inf, _CMP_NLT_UQ),
@@ -784,7 +840,7 @@ static void a_scales(const float *amax, size_t n, float qmax, float *scale, floa
 }
 
 static const kvt_kernels avx2_kernels = {
-    "avx2",      a_amax,       a_minmax,    a_minmax_acc, a_q_e4m3,
+    "avx2",      a_amax,       a_minmax,    a_minmax_groups, a_minmax_acc, a_q_e4m3,
     a_dq_e4m3,   a_q_i8,       a_dq_i8,     a_q_i4,       a_dq_i4,
     a_q_i4_chan, a_dq_i4_chan, a_i4_params, a_scales,     a_i4_unpack,
 };

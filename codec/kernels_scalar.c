@@ -32,6 +32,16 @@ static size_t s_minmax(const uint16_t *src, size_t n, int dtype, float *mn, floa
   return n;
 }
 
+static size_t s_minmax_groups(const uint16_t *src, size_t n, size_t G, int dtype, float *mn,
+                              float *mx) {
+  for (size_t g = 0; g < n / G; g++) {
+    size_t r = s_minmax(src + g * G, G, dtype, &mn[g], &mx[g]);
+    if (r != G)
+      return g * G + r;
+  }
+  return n;
+}
+
 static size_t s_minmax_acc(const uint16_t *src, size_t n, int dtype, float *mn,
                            float *mx) {
   for (size_t i = 0; i < n; i++) {
@@ -141,7 +151,7 @@ static void s_scales(const float *amax, size_t n, float qmax, float *scale, floa
 }
 
 static const kvt_kernels scalar_kernels = {
-    "scalar",    s_amax,       s_minmax,    s_minmax_acc, s_q_e4m3,
+    "scalar",    s_amax,       s_minmax,    s_minmax_groups, s_minmax_acc, s_q_e4m3,
     s_dq_e4m3,   s_q_i8,       s_dq_i8,     s_q_i4,       s_dq_i4,
     s_q_i4_chan, s_dq_i4_chan, s_i4_params, s_scales,     s_i4_unpack,
 };

@@ -161,13 +161,12 @@ static int encode_i4_dim(kvt_ctx *ctx, const kvt_kernels *k, const kvt_codec_spe
   for (uint32_t t = 0; t < T; t++)
     for (uint32_t h0 = 0; h0 < H; h0 += rows) {
       uint32_t h1 = h0 + rows < H ? h0 + rows : H, n = (h1 - h0) * NG;
-      for (uint32_t h = h0; h < h1; h++)
-        for (uint32_t g = 0; g < NG; g++) {
-          uint32_t j = (h - h0) * NG + g;
-          size_t r = k->minmax(row_at(src, t, h) + g * G, G, s->dtype, &mn[j], &mx[j]);
-          if (r != G)
-            return fail_nonfinite(ctx, s, t, h, src, g * G + r);
-        }
+      for (uint32_t h = h0; h < h1; h++) {
+        uint32_t j = (h - h0) * NG;
+        size_t r = k->minmax_groups(row_at(src, t, h), D, G, s->dtype, &mn[j], &mx[j]);
+        if (r != D)
+          return fail_nonfinite(ctx, s, t, h, src, r);
+      }
       size_t base = ((size_t)t * H + h0) * D;
       size_t bad = k->i4_params(mn, mx, n, params + 4 * (base / G), zero, inv);
       if (bad != n)

@@ -629,6 +629,50 @@ static void test_avx2_i4_params_match_scalar_including_out_of_range(void **state
     }
 }
 
+/* Per-group min/max of a row: equal to scalar's up to the sign of a zero
+ * (which kvt_i4_params ignores), and the same first non-finite index. */
+static void test_avx2_minmax_groups_match_scalar_up_to_zero_sign(void **state) {
+  (void)state;
+  kvt_rng r = {123};
+  uint16_t x[256];
+  float ma[64], mb[64], xa[64], xb[64];
+  const size_t groups[] = {8, 16, 32, 64, 6};
+  for (int iter = 0; iter < 4000; iter++)
+    for (int d = 0; d < 2; d++) {
+      size_t G = groups[kvt_rng_next(&r) % 5], n = G * (1 + kvt_rng_next(&r) % 8);
+      if (n > 256)
+        n = G * (256 / G);
+      random_row(&r, x, n, dtypes[d], -20, 10);
+      for (size_t i = 0; i < n; i++) {
+        uint64_t u = kvt_rng_next(&r) % 64;
+        if (u == 0)
+          x[i] = 0x8000; /* -0 */
+        else if (u == 1)
+          x[i] = 0;
+      }
+      if (kvt_rng_next(&r) % 8 == 0) /* a NaN or Inf somewhere */
+        x[kvt_rng_next(&r) % n] = kvt_rng_next(&r) % 2 ? 0x7FC1 : (dtypes[d] == KVT_DTYPE_BF16 ? 0xFF80 : 0xFC00);
+      size_t ra = S->minmax_groups(x, n, G, dtypes[d], ma, xa);
+      size_t rb = A->minmax_groups(x, n, G, dtypes[d], mb, xb);
+      assert_int_equal(ra, rb);
+      for (size_t g = 0; g < ra / G; g++) {
+        assert_true(ma[g] + 0.0f == mb[g] + 0.0f && !signbit(ma[g] + 0.0f) == !signbit(mb[g] + 0.0f));
+        assert_true(xa[g] + 0.0f == xb[g] + 0.0f && !signbit(xa[g] + 0.0f) == !signbit(xb[g] + 0.0f));
+      }
+    }
+  /* A zero extreme gives the same parameters whichever its sign. */
+  uint16_t s1, z1, s2, z2;
+  float sc, zf, iv;
+  assert_int_equal(kvt_i4_params(-0.0f, 3.0f, &s1, &z1, &sc, &zf, &iv), 0);
+  assert_int_equal(kvt_i4_params(0.0f, 3.0f, &s2, &z2, &sc, &zf, &iv), 0);
+  assert_int_equal(s1, s2);
+  assert_int_equal(z1, z2);
+  assert_int_equal(kvt_i4_params(-2.0f, -0.0f, &s1, &z1, &sc, &zf, &iv), 0);
+  assert_int_equal(kvt_i4_params(-2.0f, 0.0f, &s2, &z2, &sc, &zf, &iv), 0);
+  assert_int_equal(s1, s2);
+  assert_int_equal(z1, z2);
+}
+
 static void test_avx2_scales_match_scalar_divisions(void **state) {
   (void)state;
   kvt_rng r = {91};
@@ -686,6 +730,7 @@ int main(void) {
       cmocka_unit_test(test_avx2_amax_and_minmax_match_scalar_on_random_rows),
       cmocka_unit_test(test_avx2_i4_params_match_scalar_including_out_of_range),
       cmocka_unit_test(test_avx2_scales_match_scalar_divisions),
+      cmocka_unit_test(test_avx2_minmax_groups_match_scalar_up_to_zero_sign),
       cmocka_unit_test(test_avx2_i4_unpack_matches_scalar_on_all_non_nan_fp16_pairs),
       cmocka_unit_test(test_avx2_minmax_keeps_sign_of_first_zero_like_scalar),
       cmocka_unit_test(test_avx2_range_kernels_report_first_nonfinite_like_scalar),

@@ -81,6 +81,10 @@ static inline uint16_t kvt_f2h(float f, int dtype) {
   return dtype == KVT_DTYPE_BF16 ? kvt_f32_to_bf16(f) : kvt_f32_to_f16(f);
 }
 
+/* Resets the fields a spec's formats do not use to their defaults, so equal
+ * encodings have equal specs, headers and canonical text. */
+void kvt_codec_normalise(kvt_codec_spec *spec);
+
 /* fp16 with directed rounding: toward -inf and toward +inf. */
 uint16_t kvt_f32_to_f16_rd(float f);
 uint16_t kvt_f32_to_f16_ru(float f);

@@ -43,7 +43,7 @@ static int uses(const kvt_codec_spec *s, int fmt) { return s->k_fmt == fmt || s-
 
 /* Resets fields that the formats in use ignore, so equal encodings have equal
  * specs (and equal canonical text). */
-static void normalise(kvt_codec_spec *s) {
+void kvt_codec_normalise(kvt_codec_spec *s) {
   if (!uses(s, KVT_FMT_I4))
     s->group = DEFAULT_GROUP;
   if (s->k_fmt != KVT_FMT_I4)
@@ -166,7 +166,7 @@ static int parse_option(kvt_ctx *ctx, kvt_codec_spec *s, char *w, int *in_raw) {
 int kvt_codec_parse(kvt_ctx *ctx, const char *text, kvt_codec_spec *out) {
   if (!text || !out)
     return kvt_fail(ctx, KVT_ESPEC, "no spec text");
-  char buf[KVT_CODEC_SPEC_TEXT_MAX * 4];
+  char buf[KVT_CODEC_SPEC_TEXT_MAX];
   size_t len = strlen(text);
   if (len == 0 || len >= sizeof(buf))
     return kvt_fail(ctx, KVT_ESPEC, "spec text is empty or too long");
@@ -204,7 +204,7 @@ int kvt_codec_parse(kvt_ctx *ctx, const char *text, kvt_codec_spec *out) {
   int rc = kvt_codec_validate(ctx, &s);
   if (rc)
     return rc;
-  normalise(&s);
+  kvt_codec_normalise(&s);
   *out = s;
   return 0;
 }
@@ -247,17 +247,22 @@ static void put_raw_layers(sbuf *b, const kvt_codec_spec *s) {
 }
 
 int kvt_codec_format(const kvt_codec_spec *spec, char *buf, size_t cap) {
-  if (!buf || cap == 0 || kvt_codec_validate(NULL, spec))
+  if (!buf || cap == 0 || !spec)
     return KVT_ESPEC;
   kvt_codec_spec s = *spec;
-  normalise(&s);
+  kvt_codec_normalise(&s);
+  if (kvt_codec_validate(NULL, &s))
+    return KVT_ESPEC;
   sbuf b = {buf, cap, 0, 0};
   buf[0] = '\0';
   size_t i;
   for (i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
     if (presets[i].k == s.k_fmt && presets[i].v == s.v_fmt)
       break;
-  put(&b, "%s", presets[i].name);
+  if (i < sizeof(presets) / sizeof(presets[0]))
+    put(&b, "%s", presets[i].name);
+  else /* a pair no preset names */
+    put(&b, "k=%s,v=%s", fmt_names[s.k_fmt], fmt_names[s.v_fmt]);
   if (uses(&s, KVT_FMT_I4) && s.group != DEFAULT_GROUP)
     put(&b, ",group=%u", s.group);
   if (s.k_fmt == KVT_FMT_I4 && s.k_axis != DEFAULT_K_AXIS)

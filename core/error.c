@@ -16,9 +16,13 @@ const char *kvt_strerror(int err) {
   default:
     break;
   }
-  /* glibc's strerror returns static strings for known codes. */
-  if (err < 0 && err > -4000)
-    return strerror(-err);
+  /* strerrordesc_np (glibc 2.32+) gives static text, or NULL for an unknown
+   * code, where strerror would format into a shared buffer. */
+  if (err < 0 && err > -4000) {
+    const char *s = strerrordesc_np(-err);
+    if (s)
+      return s;
+  }
   return "unknown error";
 }
 

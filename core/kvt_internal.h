@@ -14,6 +14,10 @@
 #error "kvtier's codecs copy 16-bit elements as little-endian bytes"
 #endif
 
+#if defined(__i386__) && !defined(__SSE2_MATH__)
+#error "build with -msse2 -mfpmath=sse: x87 excess precision would change the codecs' bytes"
+#endif
+
 #define KVT_ERR_DETAIL_MAX 512
 
 struct kvt_ctx {

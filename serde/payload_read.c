@@ -97,6 +97,10 @@ static int check_fields(kvt_ctx *ctx, const parsed *p) {
       (!all_zero(b + H_RSV0, 3) || !all_zero(b + H_RSV1, 16)))
     return kvt_fail(ctx, KVT_ECORRUPT, "reserved header bytes (offsets %d, %d) are not zero",
                     H_RSV0, H_RSV1);
+  size_t table_end = HDR_FIXED + (size_t)SEC_ENTRY * in->sections;
+  if (!all_zero(b + table_end, in->header_size - table_end))
+    return kvt_fail(ctx, KVT_ECORRUPT, "header padding (offsets %zu..%u) is not zero", table_end,
+                    in->header_size);
   if (kvt_codec_validate(ctx, &in->spec)) {
     char why[KVT_ERR_DETAIL_MAX] = "invalid"; /* kvt_fail rewrites ctx->err */
     if (ctx)
@@ -176,7 +180,7 @@ static int check_entry(kvt_ctx *ctx, const parsed *p, uint32_t i, const kvt_sect
   if (s->layer != in->layer_begin + i / 2 || s->is_value != (int)(i % 2))
     return kvt_fail(ctx, KVT_ECORRUPT, "section %u (offset %zu) is layer %u kind %d; expected %u %d",
                     i, eo, s->layer, s->is_value, in->layer_begin + i / 2, i % 2);
-  if (e[S_RSV0] || !all_zero(e + S_RSV1, 8))
+  if (in->version_minor == KVT_FORMAT_MINOR && (e[S_RSV0] || !all_zero(e + S_RSV1, 8)))
     return kvt_fail(ctx, KVT_ECORRUPT, "section %u (offset %zu): reserved bytes not zero", i, eo);
   if (s->comp > KVT_COMP_ZSTD_SHUFFLE16 || (s->comp && !(in->flags & KVT_FLAG_LOSSLESS)) ||
       (s->comp == KVT_COMP_ZSTD_SHUFFLE16 && s->fmt != KVT_FMT_N16))
@@ -317,6 +321,8 @@ static int decode(kvt_ctx *ctx, const void *buf, size_t len, const kvt_decode_pa
 
 int kvt_decode(kvt_ctx *ctx, const void *buf, size_t len, const kvt_decode_params *dp,
                const kvt_kv_view *d) {
+  if (!ctx)
+    return -EINVAL;
   kvt_fpenv env;
   kvt_fpenv_enter(&env);
   int rc = decode(ctx, buf, len, dp, d);

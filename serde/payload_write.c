@@ -56,6 +56,11 @@ int kvt_encode_bound(kvt_ctx *ctx, const kvt_codec_spec *spec, uint32_t layer_be
                      uint32_t layers, uint32_t tokens, uint32_t heads, uint32_t head_dim,
                      uint64_t *out) {
   kvt_clear_error(ctx);
+  if (!spec || !out)
+    return kvt_fail(ctx, -EINVAL, "kvt_encode_bound: missing spec or output");
+  kvt_codec_spec norm = *spec;
+  kvt_codec_normalise(&norm);
+  spec = &norm;
   int rc = kvt_codec_validate(ctx, spec);
   if (rc)
     return rc;
@@ -153,8 +158,8 @@ static void put_header(const kvt_encode_params *p, const kvt_kv_view *v, uint8_t
   kvt_st64(dst + H_CHECKSUM, kvt_header_checksum(dst, hsize));
 }
 
-static int encode(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_kv_view *v, void *dst_,
-                  size_t cap, size_t *len);
+static int encode(kvt_ctx *ctx, const kvt_encode_params *p_in, const kvt_kv_view *v,
+                  void *dst_, size_t cap, size_t *len);
 
 int kvt_encode(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_kv_view *v, void *dst,
                size_t cap, size_t *len) {
@@ -165,12 +170,16 @@ int kvt_encode(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_kv_view *v, v
   return rc;
 }
 
-static int encode(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_kv_view *v, void *dst_,
-                  size_t cap, size_t *len) {
+static int encode(kvt_ctx *ctx, const kvt_encode_params *p_in, const kvt_kv_view *v,
+                  void *dst_, size_t cap, size_t *len) {
+  if (!ctx)
+    return -EINVAL;
   kvt_clear_error(ctx);
   uint8_t *dst = dst_;
-  if (!p || p->struct_size < sizeof(kvt_encode_params) || !dst || !len)
+  if (!p_in || p_in->struct_size < sizeof(kvt_encode_params) || !dst || !len)
     return kvt_fail(ctx, -EINVAL, "kvt_encode: missing params, destination or length");
+  kvt_encode_params params = *p_in, *p = &params;
+  kvt_codec_normalise(&params.spec);
   int rc = kvt_codec_validate(ctx, &p->spec);
   if (rc)
     return rc;

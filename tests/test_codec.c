@@ -2,7 +2,9 @@
  * and dtype within the stated bounds (n16 bit-exact, e4m3 within half a grid
  * step, i8 and i4 within half a step), strided views, FP8 edge cases, spec
  * text parsing and canonical form. */
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -309,6 +311,61 @@ static void test_spec_text_parses_presets_options_and_canonicalises(void **state
   expect_spec("k=i4,v=i4,kgroup=token,group=16", "int4,group=16");
 }
 
+/* Every K/V pair has its own canonical text and fingerprint, including the
+ * pairs no preset names; the longest raw= list still formats. */
+static void test_every_format_pair_formats_parses_and_fingerprints_apart(void **state) {
+  (void)state;
+  kvt_model_desc m = KVT_MODEL_DESC_INIT;
+  m.model_id = "m";
+  m.layers = 256, m.kv_heads = 8, m.head_dim = 128;
+  kvt_key fps[16];
+  for (int k = 0; k < 4; k++)
+    for (int v = 0; v < 4; v++) {
+      char text[64], canon[KVT_CODEC_SPEC_TEXT_MAX];
+      snprintf(text, sizeof(text), "k=%s,v=%s", kvt_fmt_name(k), kvt_fmt_name(v));
+      kvt_codec_spec s, back;
+      assert_int_equal(kvt_codec_parse(ctx, text, &s), 0);
+      assert_int_equal(kvt_codec_format(&s, canon, sizeof(canon)), 0);
+      assert_int_equal(kvt_codec_parse(ctx, canon, &back), 0);
+      assert_memory_equal(&s, &back, sizeof(s));
+      assert_int_equal(kvt_fingerprint(&m, &s, &fps[4 * k + v]), 0);
+      for (int j = 0; j < 4 * k + v; j++)
+        assert_memory_not_equal(&fps[j], &fps[4 * k + v], 16);
+    }
+  char text[KVT_CODEC_SPEC_TEXT_MAX] = "k=e4m3,v=i4,group=1024,kgroup=dim,scale=block,block=65535";
+  for (int l = 0; l < KVT_MAX_RAW_LAYER; l += 2) /* the longest list: no ranges */
+    snprintf(text + strlen(text), sizeof(text) - strlen(text), "%s%d", l ? "," : ",raw=", l);
+  kvt_codec_spec s, back;
+  assert_int_equal(kvt_codec_parse(ctx, text, &s), 0);
+  char canon[KVT_CODEC_SPEC_TEXT_MAX];
+  assert_int_equal(kvt_codec_format(&s, canon, sizeof(canon)), 0);
+  assert_int_equal(kvt_codec_parse(ctx, canon, &back), 0);
+  assert_memory_equal(&s, &back, sizeof(s));
+}
+
+/* A spec built by hand, with junk in fields its formats ignore, encodes to
+ * the same bytes as the parsed preset; encode and decode need a context. */
+static void test_hand_built_specs_encode_like_parsed_ones(void **state) {
+  (void)state;
+  uint16_t k[2 * 4 * 64], v[2 * 4 * 64];
+  kvt_synth_shape sh = {2, 4, 1, 64, KVT_DTYPE_BF16, 0, 0};
+  kvt_synth_kv(&sh, 9, k, v);
+  kvt_kv_view view;
+  kvt_kv_view_dense(&view, k, v, KVT_DTYPE_BF16, 2, 4, 1, 64);
+  kvt_encode_params a = KVT_ENCODE_PARAMS_INIT, b = KVT_ENCODE_PARAMS_INIT;
+  assert_int_equal(kvt_codec_parse(ctx, "k16v8", &a.spec), 0);
+  b.spec.k_fmt = KVT_FMT_N16, b.spec.v_fmt = KVT_FMT_E4M3;
+  b.spec.group = 0, b.spec.block = 0, b.spec.k_axis = KVT_AXIS_DIM; /* unused by k16v8 */
+  uint8_t pa[8192], pb[8192];
+  size_t la, lb;
+  assert_int_equal(kvt_encode(ctx, &a, &view, pa, sizeof(pa), &la), 0);
+  assert_int_equal(kvt_encode(ctx, &b, &view, pb, sizeof(pb), &lb), 0);
+  assert_int_equal(la, lb);
+  assert_memory_equal(pa, pb, la);
+  assert_int_equal(kvt_encode(NULL, &a, &view, pb, sizeof(pb), &lb), -EINVAL);
+  assert_int_equal(kvt_decode(NULL, pa, la, NULL, &view), -EINVAL);
+}
+
 static void expect_bad_spec(const char *text, const char *detail) {
   kvt_codec_spec s;
   assert_int_equal(kvt_codec_parse(ctx, text, &s), KVT_ESPEC);
@@ -417,6 +474,8 @@ int main(void) {
       cmocka_unit_test(test_fp16_directed_rounding_brackets_the_value),
       cmocka_unit_test(test_spec_text_parses_presets_options_and_canonicalises),
       cmocka_unit_test(test_spec_text_rejects_bad_words_with_the_cause),
+      cmocka_unit_test(test_every_format_pair_formats_parses_and_fingerprints_apart),
+      cmocka_unit_test(test_hand_built_specs_encode_like_parsed_ones),
       cmocka_unit_test(test_encode_rejects_shapes_the_spec_cannot_hold),
       cmocka_unit_test(test_i4_refuses_ranges_beyond_fp16),
 #if defined(__x86_64__)

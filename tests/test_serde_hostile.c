@@ -280,6 +280,26 @@ static void test_serde_parse_accepts_reserved_bytes_of_a_newer_minor_version(voi
   sample_free(&s);
 }
 
+/* ... section-table reserved bytes too; header padding must stay zero. */
+static void test_serde_parse_minor_versions_and_header_padding(void **state) {
+  (void)state;
+  sample s;
+  small(&s);
+  kvt_st16(s.buf + H_VMINOR, KVT_FORMAT_MINOR + 1);
+  entry(s.buf, 1)[S_RSV0] = 0x11;
+  reseal(s.buf, s.len);
+  assert_int_equal(kvt_payload_parse(ctx, s.buf, s.len, NULL), 0);
+  sample_free(&s);
+  sample_make(&s, "k16v8", KVT_DTYPE_BF16, 1, 4, 2, 16, 0); /* 2 entries: 32 B of padding */
+  uint32_t hsize = kvt_ld32(s.buf + H_HDRSIZE);
+  assert_true(hsize > HDR_FIXED + 2 * SEC_ENTRY);
+  s.buf[hsize - 1] = 1;
+  reseal(s.buf, s.len);
+  expect_rc(kvt_payload_parse(ctx, s.buf, s.len, NULL), KVT_ECORRUPT, "header padding",
+            "header padding");
+  sample_free(&s);
+}
+
 static void test_serde_parse_rejects_i4_group_that_does_not_divide_head_dim(void **state) {
   (void)state;
   sample s;
@@ -516,6 +536,7 @@ int main(void) {
       cmocka_unit_test(test_serde_parse_names_each_bad_header_field),
       cmocka_unit_test(test_serde_parse_rejects_header_checksum_mismatch),
       cmocka_unit_test(test_serde_parse_accepts_reserved_bytes_of_a_newer_minor_version),
+      cmocka_unit_test(test_serde_parse_minor_versions_and_header_padding),
       cmocka_unit_test(test_serde_parse_rejects_i4_group_that_does_not_divide_head_dim),
       cmocka_unit_test(test_serde_parse_names_each_bad_section_entry),
       cmocka_unit_test(test_serde_parse_rejects_bytes_after_the_last_section),

@@ -51,7 +51,7 @@ enum kvt_axis {
 
 #define KVT_MAX_LAYERS 4096       /* layers in one model */
 #define KVT_MAX_RAW_LAYER 256     /* raw= overrides address layers < this */
-#define KVT_CODEC_SPEC_TEXT_MAX 256
+#define KVT_CODEC_SPEC_TEXT_MAX 1024 /* longest spec text, NUL included */
 
 typedef struct kvt_codec_spec {
   uint8_t k_fmt;    /* enum kvt_fmt */
@@ -63,13 +63,18 @@ typedef struct kvt_codec_spec {
   uint64_t raw_layers[KVT_MAX_RAW_LAYER / 64]; /* bit l: layer l stays n16 */
 } kvt_codec_spec;
 
+/* A raw spec with every option at its default (group 32, block 16, scale per
+ * token, i4 keys grouped along tokens). */
+#define KVT_CODEC_SPEC_INIT {0, 0, 0, 1, 32, 16, {0, 0, 0, 0}}
+
 /* Parses spec text into *out (written only on success). Returns 0 or
  * KVT_ESPEC with the offending word in kvt_ctx_last_error(ctx); ctx may be
  * NULL. */
 KVT_API int kvt_codec_parse(kvt_ctx *ctx, const char *text, kvt_codec_spec *out);
 
 /* Writes the canonical text of spec (parsable by kvt_codec_parse, and the
- * same for equal specs) into buf. Returns 0, KVT_ESPEC for an invalid spec,
+ * same for equal specs: a preset name where one fits, else k=FMT,v=FMT, then
+ * the options that differ from their defaults) into buf. Returns 0, KVT_ESPEC for an invalid spec,
  * or KVT_ENOBUFS when cap is too small (KVT_CODEC_SPEC_TEXT_MAX always
  * suffices). */
 KVT_API int kvt_codec_format(const kvt_codec_spec *spec, char *buf, size_t cap);

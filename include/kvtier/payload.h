@@ -54,7 +54,7 @@ typedef struct kvt_encode_params {
 } kvt_encode_params;
 
 #define KVT_ENCODE_PARAMS_INIT \
-  { sizeof(kvt_encode_params), {0, 0, 0, 0, 0, 0, {0, 0, 0, 0}}, {{0}}, {{0}}, 0, 0, 0, 0 }
+  { sizeof(kvt_encode_params), KVT_CODEC_SPEC_INIT, {{0}}, {{0}}, 0, 0, 0, 0 }
 
 /* Bytes kvt_encode() may write for this spec and a view of `layers` layers
  * starting at absolute layer layer_begin (raw= overrides name absolute
@@ -68,7 +68,10 @@ KVT_API int kvt_encode_bound(kvt_ctx *ctx, const kvt_codec_spec *spec, uint32_t 
 #define KVT_PAYLOAD_FLAG_LOSSLESS 1u /* some section uses the lossless stage */
 
 /* Encodes src into dst[0..cap) and writes the payload's length to *len.
- * Returns 0; KVT_ESPEC, KVT_ESHAPE (view does not fit spec or limits);
+ * ctx must not be NULL. Fields the spec's formats do not use are written with
+ * their defaults. Returns 0; -EINVAL (NULL ctx, params, dst or len; zstd level
+ * outside 0..19); KVT_ESPEC; KVT_ESHAPE (view does not fit the spec);
+ * KVT_ETOOBIG (tokens, heads, head_dim or payload size over the limits above);
  * KVT_ENONFINITE naming layer, token and head of the first NaN/Inf in a
  * tensor to be quantized; KVT_ERANGE for an i4 group whose range does not fit
  * fp16 scales; KVT_ENOBUFS; KVT_ENOTSUP (zstd asked for, not built in);
@@ -129,7 +132,7 @@ typedef struct kvt_decode_params {
 
 #define KVT_DECODE_PARAMS_INIT { sizeof(kvt_decode_params), NULL, NULL, 0, 0 }
 
-/* Validates buf and decodes the chosen layers into dst, whose tokens, heads,
+/* Validates buf and decodes the chosen layers into dst (ctx must not be NULL), whose tokens, heads,
  * head_dim and dtype must match the payload and whose layer count must equal
  * the layers decoded. params may be NULL (all layers, no expectations).
  * Section checksums are verified before each section is read; on a checksum

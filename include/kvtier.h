@@ -4,6 +4,7 @@
  *   kvtier/codec.h    K/V formats, codec specs, strided KV views
  *   kvtier/key.h      model fingerprints and chained chunk keys
  *   kvtier/payload.h  encode, validate and decode payloads
+ *   kvtier/tier.h     storage tiers: DRAM (more to come), completion-based
  *
  * Compiles as C (C99 or later) and C++; includes no CUDA header. */
 #ifndef KVTIER_H
@@ -13,5 +14,6 @@
 #include "kvtier/codec.h"
 #include "kvtier/key.h"
 #include "kvtier/payload.h"
+#include "kvtier/tier.h"
 
 #endif

@@ -6,7 +6,10 @@
  *
  * Thread-safety: a context may be used by one thread at a time. Give each
  * thread its own context (they are cheap), or serialise calls on a shared
- * one. Functions that take no context are thread-safe. */
+ * one. Functions that take no context are thread-safe. Tiers (kvtier/tier.h)
+ * are the exception: a tier may be used from many threads at once, and calls
+ * its context's allocator and log hooks from them, so a context that opens
+ * tiers needs thread-safe hooks (the defaults are). */
 #ifndef KVTIER_CORE_H
 #define KVTIER_CORE_H
 

@@ -1,0 +1,171 @@
+/* kvtier/tier.h - storage tiers: one completion-based interface for every
+ * place a payload can live (DRAM, NVMe, later HBM, Redis, kvtier-server).
+ *
+ * A tier stores opaque payload bytes under 128-bit chunk keys. Operations are
+ * submitted and complete later; each operation is a caller-owned kvt_tier_op
+ * that must stay valid, with the memory it points to, until it completes.
+ * Completions are taken in one of two ways:
+ *   - kvt_tier_poll() returns completed operations (completion-queue style);
+ *   - the blocking helpers (kvt_tier_put/get/del/query) submit one operation
+ *     and wait for exactly that one; their operations never reach poll.
+ *
+ * Thread-safety: every function here may be called from many threads at once
+ * on the same tier, except kvt_tier_close(), which must be the last call.
+ * Tiers allocate through their context's allocator hooks from those threads,
+ * so the hooks must be thread-safe (the defaults are). Only kvt_tier_open
+ * leaves detail in kvt_ctx_last_error(); data-path calls return codes alone.
+ *
+ * Tiers are opened from a spec string "SCHEME:ARGS":
+ *   dram:SIZE                    capacity-bounded host memory, e.g. dram:8GiB
+ *   fault:RULES@SPEC             fault injection around another tier (tests)
+ *   trace@SPEC                   logs every operation through the context's log
+ * SIZE takes B, KiB, MiB, GiB, TiB (or K, M, G, T, all powers of 1024) and
+ * KB, MB, GB, TB (powers of 1000). Later releases add nvme:, hbm:, redis://
+ * and fabric://. */
+#ifndef KVTIER_TIER_H
+#define KVTIER_TIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/core.h"
+#include "kvtier/key.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_tier kvt_tier;
+
+enum kvt_tier_opcode {
+  KVT_TIER_PUT = 1,  /* store len bytes of buf under key, replacing any old value
+                        (len 0 stores an empty value) */
+  KVT_TIER_GET = 2,  /* copy the value into buf (capacity len); out_len = its length */
+  KVT_TIER_DEL = 3,  /* remove key; KVT_ENOTFOUND if absent */
+  KVT_TIER_QUERY = 4 /* out_len = the value's length; KVT_ENOTFOUND if absent */
+};
+
+typedef struct kvt_tier_op {
+  /* Inputs. */
+  uint32_t opcode;    /* enum kvt_tier_opcode */
+  uint32_t flags;     /* 0 */
+  kvt_key key;
+  void *buf;          /* PUT: the payload; GET: the destination */
+  uint64_t len;       /* PUT: payload bytes; GET: capacity of buf */
+  uint64_t user_data; /* the caller's, untouched */
+  /* Outputs, valid once the operation completed. */
+  int32_t result;     /* 0; KVT_ENOTFOUND; KVT_ENOBUFS (GET: buf smaller than
+                         out_len); -ENOSPC (a PUT that does not fit: too
+                         large for the free space, or fragmentation); a
+                         failed PUT leaves any old value in place;
+                         -EIO and other errors from the backend */
+  uint32_t status;    /* library-owned */
+  uint64_t out_len;   /* GET, QUERY: the stored value's length */
+  void *internal[2];  /* library-owned */
+} kvt_tier_op;
+
+/* Fills *op for a single operation (result and internals cleared). */
+KVT_API void kvt_tier_op_init(kvt_tier_op *op, int opcode, const kvt_key *key, void *buf,
+                              uint64_t len, uint64_t user_data);
+
+typedef struct kvt_tier_stats {
+  size_t struct_size;  /* sizeof(kvt_tier_stats): fields are only appended */
+  uint64_t capacity;   /* bytes the tier may hold */
+  uint64_t used;       /* bytes held now, the backend's allocation overhead included */
+  uint64_t items;      /* values held now */
+  uint64_t puts, gets, dels, queries; /* operations completed, by kind */
+  uint64_t hits, misses;              /* GETs that found / did not find the key */
+  uint64_t errors;                    /* operations that failed otherwise */
+  uint64_t bytes_in, bytes_out;       /* payload bytes stored by PUT, returned by GET */
+  uint64_t in_flight;                 /* submitted, not yet completed */
+} kvt_tier_stats;
+
+/* Opens a tier from a spec string (above). *out is written only on success.
+ * Returns 0, -EINVAL or KVT_ESPEC for a bad spec (detail in ctx),
+ * KVT_ENOTSUP for a scheme not built in, -ENOMEM, or the backend's error.
+ * The context must outlive the tier. */
+KVT_API int kvt_tier_open(kvt_ctx *ctx, const char *spec, kvt_tier **out);
+
+/* Waits for every operation in flight to complete, discards completions not
+ * yet polled, and frees the tier. Accepts NULL. */
+KVT_API void kvt_tier_close(kvt_tier *tier);
+
+/* The spec the tier was opened with, and its scheme ("dram"). */
+KVT_API const char *kvt_tier_spec(const kvt_tier *tier);
+
+/* Submits n operations. Returns how many were accepted (they will complete,
+ * possibly before this returns), or a negative error if none was: -EINVAL
+ * for a malformed operation (nothing is submitted then), -ESHUTDOWN while
+ * closing, -EAGAIN when a backend's queue is full (submit the rest later).
+ * Accepted operations report their own errors in op->result. */
+KVT_API int kvt_tier_submit(kvt_tier *tier, kvt_tier_op *const *ops, size_t n);
+
+/* Returns up to max completed operations (submitted with kvt_tier_submit),
+ * waiting up to timeout_ms (0: do not wait, -1: until at least one). The
+ * count is 0 when nothing completed in time, or at once when nothing is in
+ * flight. Each completed operation is returned by exactly one call. */
+KVT_API int kvt_tier_poll(kvt_tier *tier, kvt_tier_op **done, size_t max, int timeout_ms);
+
+/* Blocking helpers: submit one operation and wait for it. They return the
+ * operation's result. get writes the value's length to *len (also on
+ * KVT_ENOBUFS, so the caller can retry with a larger buffer); len may be
+ * NULL. A replacing PUT needs room for the old and the new value at once. */
+KVT_API int kvt_tier_put(kvt_tier *tier, const kvt_key *key, const void *buf, uint64_t len);
+KVT_API int kvt_tier_get(kvt_tier *tier, const kvt_key *key, void *buf, uint64_t cap,
+                         uint64_t *len);
+KVT_API int kvt_tier_del(kvt_tier *tier, const kvt_key *key);
+KVT_API int kvt_tier_query(kvt_tier *tier, const kvt_key *key, uint64_t *len);
+
+/* Fills *out (set out->struct_size first, or 0 for the full struct). */
+KVT_API int kvt_tier_stats_get(kvt_tier *tier, kvt_tier_stats *out);
+
+/* Calls fn for each key held, with its length, until fn returns non-zero
+ * (which is then returned). KVT_ENOTSUP when the backend cannot list. */
+typedef int (*kvt_tier_list_fn)(void *opaque, const kvt_key *key, uint64_t len);
+KVT_API int kvt_tier_list(kvt_tier *tier, kvt_tier_list_fn fn, void *opaque);
+
+/* Parses a size with a unit ("8GiB", "512MB", "4096"). Returns 0 or -EINVAL. */
+KVT_API int kvt_parse_size(const char *text, uint64_t *out);
+
+/* ---- Backends ------------------------------------------------------------
+ * A backend is a table of functions; optional members may be NULL. Fields
+ * are only appended, behind abi_version and struct_size. */
+
+#define KVT_TIER_ABI_VERSION 1
+
+typedef struct kvt_tier_backend {
+  uint32_t abi_version; /* KVT_TIER_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(kvt_tier_backend) */
+  const char *scheme;   /* the spec prefix before ':' (or '@' for decorators) */
+  /* Opens an instance from the spec's ARGS. tier is the handle to complete
+   * operations on. */
+  int (*open)(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state);
+  /* Called once nothing is in flight. */
+  void (*close)(void *state);
+  /* Takes one operation: returns 0 once it is queued or already completed
+   * (through kvt_tier_complete), or a negative error having completed
+   * nothing. Called concurrently from many threads. */
+  int (*submit)(void *state, kvt_tier_op *op);
+  /* Optional: drives completions, waiting up to timeout_ms for one; for
+   * backends whose operations complete on the caller's thread (io_uring).
+   * NULL when operations complete by themselves. */
+  int (*progress)(void *state, int timeout_ms);
+  /* Optional: capacity, used and items. */
+  int (*stats)(void *state, kvt_tier_stats *out);
+  /* Optional: as kvt_tier_list. */
+  int (*list)(void *state, kvt_tier_list_fn fn, void *opaque);
+} kvt_tier_backend;
+
+/* Backends call this exactly once per accepted operation, with op->result
+ * and op->out_len set. May be called from any thread, also from inside the
+ * backend's submit. */
+KVT_API void kvt_tier_complete(kvt_tier *tier, kvt_tier_op *op);
+
+/* Opens a tier on a backend the application provides (not in the registry). */
+KVT_API int kvt_tier_open_backend(kvt_ctx *ctx, const kvt_tier_backend *backend,
+                                  const char *args, kvt_tier **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

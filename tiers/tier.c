@@ -1,0 +1,392 @@
+/* tiers/tier.c - the generic tier layer: the registry of compiled-in
+ * backends, spec parsing, submission, completion delivery (to poll or to a
+ * blocking helper's waiter), close with operations in flight, and the
+ * counters every tier reports the same way. Backends only store bytes. */
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "tier_internal.h"
+
+#define ST_SYNC 1u /* a blocking helper waits for this op: never polled */
+#define ST_DONE 2u
+
+struct kvt_tier {
+  kvt_ctx *ctx;
+  const kvt_tier_backend *be;
+  void *state;
+  char *spec;
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* broadcast on every completion */
+  kvt_tier_op *done_head, *done_tail; /* completed, not yet polled (internal[0] links) */
+  uint64_t in_flight;
+  int closing;
+  kvt_tier_stats n; /* the generic counters */
+};
+
+static const kvt_tier_backend *const registry[] = {
+    &kvt_tier_backend_dram,
+    &kvt_tier_backend_fault,
+    &kvt_tier_backend_trace,
+};
+
+kvt_ctx *kvt_tier_ctx(kvt_tier *t) { return t->ctx; }
+
+const char *kvt_tier_spec(const kvt_tier *t) { return t ? t->spec : ""; }
+
+void kvt_tier_op_init(kvt_tier_op *op, int opcode, const kvt_key *key, void *buf, uint64_t len,
+                      uint64_t user_data) {
+  memset(op, 0, sizeof(*op));
+  op->opcode = (uint32_t)opcode;
+  if (key)
+    op->key = *key;
+  op->buf = buf;
+  op->len = len;
+  op->user_data = user_data;
+}
+
+int kvt_parse_size(const char *text, uint64_t *out) {
+  static const struct {
+    const char *unit;
+    uint64_t mul;
+  } units[] = {{"", 1},         {"b", 1},          {"k", 1ull << 10},   {"kib", 1ull << 10},
+               {"kb", 1000},    {"m", 1ull << 20}, {"mib", 1ull << 20}, {"mb", 1000000},
+               {"g", 1ull << 30}, {"gib", 1ull << 30}, {"gb", 1000000000ull}, {"t", 1ull << 40},
+               {"tib", 1ull << 40}, {"tb", 1000000000000ull}};
+  if (!text || !out || !isdigit((unsigned char)*text))
+    return -EINVAL;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(text, &end, 10);
+  if (errno)
+    return -EINVAL;
+  char unit[8];
+  size_t n = strlen(end);
+  if (n >= sizeof(unit))
+    return -EINVAL;
+  for (size_t i = 0; i <= n; i++)
+    unit[i] = (char)tolower((unsigned char)end[i]);
+  for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+    if (strcmp(unit, units[i].unit) == 0) {
+      if (v > UINT64_MAX / units[i].mul)
+        return -EINVAL;
+      *out = v * units[i].mul;
+      return 0;
+    }
+  return -EINVAL;
+}
+
+static int tier_create(kvt_ctx *ctx, const kvt_tier_backend *be, const char *spec,
+                       const char *args, kvt_tier **out) {
+  if (be->abi_version != KVT_TIER_ABI_VERSION || be->struct_size < sizeof(kvt_tier_backend) ||
+      !be->open || !be->close || !be->submit)
+    return kvt_fail(ctx, -EINVAL, "tier backend '%s': ABI %u, size %u, or a required member missing",
+                    be->scheme ? be->scheme : "?", be->abi_version, be->struct_size);
+  kvt_tier *t = kvt_alloc(ctx, sizeof(*t), 64);
+  char *copy = kvt_alloc(ctx, strlen(spec) + 1, 1);
+  if (!t || !copy) {
+    kvt_dealloc(ctx, t);
+    kvt_dealloc(ctx, copy);
+    return kvt_fail(ctx, -ENOMEM, "allocating a tier handle");
+  }
+  memset(t, 0, sizeof(*t));
+  memcpy(copy, spec, strlen(spec) + 1);
+  t->ctx = ctx;
+  t->be = be;
+  t->spec = copy;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&t->mu, NULL);
+  pthread_cond_init(&t->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  int rc = be->open(ctx, args, t, &t->state);
+  if (rc) {
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+    kvt_dealloc(ctx, copy);
+    kvt_dealloc(ctx, t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+int kvt_tier_open(kvt_ctx *ctx, const char *spec, kvt_tier **out) {
+  if (!ctx || !spec || !out)
+    return -EINVAL;
+  kvt_clear_error(ctx);
+  size_t n = strcspn(spec, ":@");
+  if (n == 0 || !spec[n])
+    return kvt_fail(ctx, KVT_ESPEC, "tier spec '%s': expected SCHEME:ARGS or SCHEME@SPEC", spec);
+  for (size_t i = 0; i < sizeof(registry) / sizeof(registry[0]); i++)
+    if (strlen(registry[i]->scheme) == n && strncmp(registry[i]->scheme, spec, n) == 0)
+      return tier_create(ctx, registry[i], spec, spec + n + 1, out);
+  char names[128] = "";
+  for (size_t i = 0; i < sizeof(registry) / sizeof(registry[0]); i++)
+    snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", i ? ", " : "",
+             registry[i]->scheme);
+  return kvt_fail(ctx, KVT_ENOTSUP, "tier spec '%s': scheme '%.*s' is not built in (built in: %s)",
+                  spec, (int)n, spec, names);
+}
+
+int kvt_tier_open_backend(kvt_ctx *ctx, const kvt_tier_backend *be, const char *args,
+                          kvt_tier **out) {
+  if (!ctx || !be || !out)
+    return -EINVAL;
+  kvt_clear_error(ctx);
+  return tier_create(ctx, be, be->scheme ? be->scheme : "custom", args ? args : "", out);
+}
+
+/* Waits (mu held) for cond to change: drives the backend when it needs the
+ * caller's thread, else sleeps on the condition variable. */
+static void wait_step(kvt_tier *t, int timeout_ms) {
+  if (t->be->progress) {
+    pthread_mutex_unlock(&t->mu);
+    t->be->progress(t->state, timeout_ms < 0 || timeout_ms > 10 ? 10 : timeout_ms);
+    pthread_mutex_lock(&t->mu);
+    return;
+  }
+  if (timeout_ms < 0) {
+    pthread_cond_wait(&t->cv, &t->mu);
+    return;
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  ts.tv_sec += timeout_ms / 1000 + ts.tv_nsec / 1000000000L;
+  ts.tv_nsec %= 1000000000L;
+  pthread_cond_timedwait(&t->cv, &t->mu, &ts);
+}
+
+void kvt_tier_close(kvt_tier *t) {
+  if (!t)
+    return;
+  pthread_mutex_lock(&t->mu);
+  t->closing = 1;
+  while (t->in_flight > 0)
+    wait_step(t, -1);
+  pthread_mutex_unlock(&t->mu);
+  t->be->close(t->state);
+  pthread_cond_destroy(&t->cv);
+  pthread_mutex_destroy(&t->mu);
+  kvt_ctx *ctx = t->ctx;
+  kvt_dealloc(ctx, t->spec);
+  kvt_dealloc(ctx, t);
+}
+
+static void count(kvt_tier_stats *n, const kvt_tier_op *op) {
+  switch (op->opcode) {
+  case KVT_TIER_PUT:
+    n->puts++;
+    n->bytes_in += op->result == 0 ? op->len : 0;
+    break;
+  case KVT_TIER_GET:
+    n->gets++;
+    n->hits += op->result == 0;
+    n->misses += op->result == KVT_ENOTFOUND;
+    n->bytes_out += op->result == 0 ? op->out_len : 0;
+    break;
+  case KVT_TIER_DEL:
+    n->dels++;
+    break;
+  default:
+    n->queries++;
+    break;
+  }
+  if (op->result != 0 && op->result != KVT_ENOTFOUND && op->result != KVT_ENOBUFS)
+    n->errors++;
+}
+
+void kvt_tier_complete(kvt_tier *t, kvt_tier_op *op) {
+  pthread_mutex_lock(&t->mu);
+  count(&t->n, op);
+  t->in_flight--;
+  if (op->status & ST_SYNC) {
+    op->status |= ST_DONE;
+  } else {
+    op->internal[0] = NULL;
+    if (t->done_tail)
+      t->done_tail->internal[0] = op;
+    else
+      t->done_head = op;
+    t->done_tail = op;
+  }
+  pthread_cond_broadcast(&t->cv);
+  pthread_mutex_unlock(&t->mu);
+}
+
+static int valid_op(const kvt_tier_op *op) {
+  if (!op || op->opcode < KVT_TIER_PUT || op->opcode > KVT_TIER_QUERY || op->flags)
+    return 0;
+  if ((op->opcode == KVT_TIER_PUT || op->opcode == KVT_TIER_GET) && op->len && !op->buf)
+    return 0;
+  return 1;
+}
+
+static int submit(kvt_tier *t, kvt_tier_op *const *ops, size_t n, uint32_t status) {
+  if (!t || (!ops && n))
+    return -EINVAL;
+  /* No detail on the context here: the data path runs on many threads, and
+   * the context's last-error buffer is for one (tier.h). */
+  for (size_t i = 0; i < n; i++)
+    if (!valid_op(ops[i]))
+      return -EINVAL;
+  for (size_t i = 0; i < n; i++) {
+    kvt_tier_op *op = ops[i];
+    op->status = status;
+    op->result = 0;
+    op->out_len = 0;
+    op->internal[0] = op->internal[1] = NULL;
+    pthread_mutex_lock(&t->mu);
+    if (t->closing) {
+      pthread_mutex_unlock(&t->mu);
+      return i ? (int)i : -ESHUTDOWN;
+    }
+    t->in_flight++;
+    pthread_mutex_unlock(&t->mu);
+    int rc = t->be->submit(t->state, op);
+    if (rc < 0) {
+      pthread_mutex_lock(&t->mu);
+      t->in_flight--;
+      pthread_cond_broadcast(&t->cv);
+      pthread_mutex_unlock(&t->mu);
+      return i ? (int)i : rc;
+    }
+  }
+  return (int)n;
+}
+
+int kvt_tier_submit(kvt_tier *t, kvt_tier_op *const *ops, size_t n) {
+  return submit(t, ops, n > INT32_MAX ? INT32_MAX : n, 0);
+}
+
+int kvt_tier_poll(kvt_tier *t, kvt_tier_op **done, size_t max, int timeout_ms) {
+  if (!t || (!done && max))
+    return -EINVAL;
+  struct timespec start;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  pthread_mutex_lock(&t->mu);
+  size_t got = 0;
+  for (;;) {
+    while (got < max && t->done_head) {
+      kvt_tier_op *op = t->done_head;
+      t->done_head = op->internal[0];
+      if (!t->done_head)
+        t->done_tail = NULL;
+      op->internal[0] = NULL;
+      done[got++] = op;
+    }
+    if (got || max == 0 || timeout_ms == 0 || t->in_flight == 0)
+      break; /* nothing in flight: nothing could arrive but a later submit's */
+    int left = -1;
+    if (timeout_ms > 0) {
+      struct timespec now;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      long ms = (now.tv_sec - start.tv_sec) * 1000L + (now.tv_nsec - start.tv_nsec) / 1000000L;
+      if (ms >= timeout_ms)
+        break;
+      left = (int)(timeout_ms - ms);
+    }
+    wait_step(t, left);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return (int)got;
+}
+
+static int run_sync(kvt_tier *t, kvt_tier_op *op) {
+  kvt_tier_op *one[1] = {op};
+  int rc = submit(t, one, 1, ST_SYNC);
+  if (rc < 0)
+    return rc;
+  pthread_mutex_lock(&t->mu);
+  while (!(op->status & ST_DONE))
+    wait_step(t, -1);
+  pthread_mutex_unlock(&t->mu);
+  return op->result;
+}
+
+int kvt_tier_put(kvt_tier *t, const kvt_key *key, const void *buf, uint64_t len) {
+  kvt_tier_op op;
+  kvt_tier_op_init(&op, KVT_TIER_PUT, key, (void *)buf, len, 0);
+  return key ? run_sync(t, &op) : -EINVAL;
+}
+
+int kvt_tier_get(kvt_tier *t, const kvt_key *key, void *buf, uint64_t cap, uint64_t *len) {
+  kvt_tier_op op;
+  kvt_tier_op_init(&op, KVT_TIER_GET, key, buf, cap, 0);
+  int rc = key ? run_sync(t, &op) : -EINVAL;
+  if (len && (rc == 0 || rc == KVT_ENOBUFS))
+    *len = op.out_len;
+  return rc;
+}
+
+int kvt_tier_del(kvt_tier *t, const kvt_key *key) {
+  kvt_tier_op op;
+  kvt_tier_op_init(&op, KVT_TIER_DEL, key, NULL, 0, 0);
+  return key ? run_sync(t, &op) : -EINVAL;
+}
+
+int kvt_tier_query(kvt_tier *t, const kvt_key *key, uint64_t *len) {
+  kvt_tier_op op;
+  kvt_tier_op_init(&op, KVT_TIER_QUERY, key, NULL, 0, 0);
+  int rc = key ? run_sync(t, &op) : -EINVAL;
+  if (len && rc == 0)
+    *len = op.out_len;
+  return rc;
+}
+
+void kvt_tier_forward(kvt_tier *inner, kvt_tier_op *op, const void *put_buf, uint64_t put_len) {
+  uint64_t len = 0;
+  switch (op->opcode) {
+  case KVT_TIER_PUT:
+    op->result = kvt_tier_put(inner, &op->key, put_buf, put_len);
+    break;
+  case KVT_TIER_GET:
+    op->result = kvt_tier_get(inner, &op->key, op->buf, op->len, &len);
+    break;
+  case KVT_TIER_DEL:
+    op->result = kvt_tier_del(inner, &op->key);
+    break;
+  default:
+    op->result = kvt_tier_query(inner, &op->key, &len);
+    break;
+  }
+  op->out_len = len;
+}
+
+int kvt_tier_stats_get(kvt_tier *t, kvt_tier_stats *out) {
+  if (!t || !out)
+    return -EINVAL;
+  size_t want = out->struct_size && out->struct_size < sizeof(*out) ? out->struct_size
+                                                                    : sizeof(*out);
+  kvt_tier_stats s, b;
+  pthread_mutex_lock(&t->mu);
+  s = t->n;
+  s.in_flight = t->in_flight;
+  pthread_mutex_unlock(&t->mu);
+  memset(&b, 0, sizeof(b));
+  b.struct_size = sizeof(b);
+  if (t->be->stats) {
+    int rc = t->be->stats(t->state, &b);
+    if (rc)
+      return rc;
+  }
+  s.capacity = b.capacity;
+  s.used = b.used;
+  s.items = b.items;
+  s.struct_size = want;
+  memcpy(out, &s, want);
+  return 0;
+}
+
+int kvt_tier_list(kvt_tier *t, kvt_tier_list_fn fn, void *opaque) {
+  if (!t || !fn)
+    return -EINVAL;
+  if (!t->be->list)
+    return KVT_ENOTSUP;
+  return t->be->list(t->state, fn, opaque);
+}

@@ -1,0 +1,601 @@
+/* tiers/tier_dram.c - the "dram" tier (dram:SIZE): capacity-bounded host
+ * memory, operations completed inline in submit.
+ *
+ * Payloads live in slabs of min(64 MiB, capacity), allocated lazily through
+ * the context's allocator and all released on close, so the allocator sees a
+ * handful of large requests instead of one per payload. Each slab is carved
+ * first-fit from an address-ordered array of free extents that coalesce on
+ * free, at 256-byte granularity. A hash index maps a key to its block.
+ * There is no eviction: a PUT that does not fit fails with -ENOSPC and the
+ * cache manager above decides what to drop.
+ *
+ * Payload bytes are copied outside the lock, so the lock is held for a hash
+ * lookup and a few stores however large the payload: a PUT reserves a block
+ * under the lock, fills it unlocked and then publishes it; a GET pins the
+ * block, copies unlocked and unpins. A block deleted or replaced while pinned
+ * is freed by its last reader.
+ *
+ * PINNING: DESIGN.md section 4 wants this memory page-locked (cudaHostRegister)
+ * when CUDA is built and a device is present, for full-speed DMA. The CPU
+ * modules must not link CUDA, so this is plain 4096-aligned memory for now;
+ * registration comes with the GPU work (issue 4). Nothing here is pinned. */
+#include <errno.h>
+#include <pthread.h>
+
+#include "tier_internal.h"
+
+/* Builds with AddressSanitizer poison every free byte of a slab, so a copy
+ * from a block that was freed under a reader's feet is reported, even though
+ * the memory stays inside a live slab. */
+#if defined(__SANITIZE_ADDRESS__)
+#define DRAM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DRAM_ASAN 1
+#endif
+#endif
+#ifdef DRAM_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (size_t)(n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (size_t)(n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+#define GRANULE 256u          /* allocation unit: keeps blocks cache-line and DMA aligned */
+#define SLAB_MAX (64ull << 20)
+#define SLAB_ALIGN 4096u      /* page aligned, as cudaHostRegister will want */
+#define NO_SLAB UINT32_MAX    /* a zero-length value: no storage */
+#define NPINS 64              /* blocks pinned at once; beyond that GETs copy under the lock */
+#define IDX_MIN 256u
+#define EXT_MIN 64u
+
+typedef struct extent {
+  uint64_t off, len;
+} extent;
+
+typedef struct slab {
+  uint8_t *base;     /* NULL: a released slot, reusable */
+  uint64_t size;     /* a multiple of GRANULE */
+  uint64_t max_free; /* upper bound on the largest free extent: lets a PUT skip full slabs */
+  uint64_t blocks;   /* allocated blocks, pending and pinned-dead ones included */
+  uint64_t n_ext, cap_ext;
+  extent *ext; /* free extents by address, never adjacent (coalesced) */
+} slab;
+
+typedef struct entry {
+  kvt_key key;
+  uint64_t off, len;
+  uint32_t slab;
+  uint16_t pin; /* 1 + index of its pin record; 0 when no reader holds it */
+  uint8_t live;
+} entry;
+
+typedef struct pin {
+  kvt_key key;
+  uint64_t off, size;
+  uint32_t slab;
+  uint32_t readers;
+  int dead; /* deleted or replaced while read: the last reader frees it */
+} pin;
+
+typedef struct dram {
+  kvt_ctx *ctx;
+  kvt_tier *tier;
+  /* Guards everything below; never held across a payload copy. Also
+   * serialises this tier's calls to the context's allocator hooks, which
+   * core.h promises are called from one thread at a time. */
+  pthread_mutex_t mu;
+  uint64_t capacity, slab_size;
+  uint64_t slab_bytes; /* held in slabs, at most capacity */
+  uint64_t used;       /* allocated block bytes, at most slab_bytes */
+  slab *slabs;
+  uint32_t n_slabs, cap_slabs;
+  entry *idx; /* open addressing, linear probing, power-of-two size */
+  uint64_t idx_cap, items;
+  uint64_t pending; /* PUTs holding a reserved index slot, not yet published */
+  pin pins[NPINS];
+  uint8_t free_pins[NPINS];
+  unsigned n_free_pins;
+} dram;
+
+/* ---- index ---------------------------------------------------------------- */
+
+/* Keys are XXH3 output in production, but tests and callers may use
+ * structured keys, so both halves are mixed. */
+static uint64_t key_hash(const kvt_key *k) {
+  uint64_t h = kvt_ld64(k->bytes) ^ (kvt_ld64(k->bytes + 8) * 0x9E3779B97F4A7C15ull);
+  h ^= h >> 31;
+  h *= 0xD6E8FEB86659FD93ull;
+  return h ^ (h >> 32);
+}
+
+static entry *idx_find(const dram *d, const kvt_key *k) {
+  if (!d->idx_cap)
+    return NULL;
+  const uint64_t mask = d->idx_cap - 1;
+  for (uint64_t i = key_hash(k) & mask;; i = (i + 1) & mask) {
+    entry *e = &d->idx[i];
+    if (!e->live)
+      return NULL;
+    if (memcmp(e->key.bytes, k->bytes, sizeof(k->bytes)) == 0)
+      return e;
+  }
+}
+
+/* An empty slot for a key known to be absent; room was reserved. */
+static entry *idx_slot(const dram *d, const kvt_key *k) {
+  const uint64_t mask = d->idx_cap - 1;
+  uint64_t i = key_hash(k) & mask;
+  while (d->idx[i].live)
+    i = (i + 1) & mask;
+  return &d->idx[i];
+}
+
+/* Makes room for `want` entries at a load of at most 3/4, so publishing a
+ * PUT never allocates (and so never fails after its bytes were copied). */
+static int idx_reserve(dram *d, uint64_t want) {
+  if (want * 4 <= d->idx_cap * 3)
+    return 0;
+  uint64_t cap = d->idx_cap ? d->idx_cap * 2 : IDX_MIN;
+  while (want * 4 > cap * 3)
+    cap *= 2;
+  entry *n = kvt_alloc(d->ctx, cap * sizeof(*n), 64);
+  if (!n)
+    return -ENOMEM;
+  memset(n, 0, cap * sizeof(*n));
+  entry *old = d->idx;
+  const uint64_t old_cap = d->idx_cap;
+  d->idx = n;
+  d->idx_cap = cap;
+  for (uint64_t i = 0; i < old_cap; i++)
+    if (old[i].live)
+      *idx_slot(d, &old[i].key) = old[i];
+  kvt_dealloc(d->ctx, old);
+  return 0;
+}
+
+/* Backward-shift deletion: no tombstones, so probe chains stay short under
+ * churn without periodic rehashing. */
+static void idx_remove(dram *d, entry *e) {
+  const uint64_t mask = d->idx_cap - 1;
+  uint64_t hole = (uint64_t)(e - d->idx);
+  for (uint64_t j = (hole + 1) & mask; d->idx[j].live; j = (j + 1) & mask) {
+    const uint64_t home = key_hash(&d->idx[j].key) & mask;
+    if (((j - home) & mask) >= ((j - hole) & mask)) {
+      d->idx[hole] = d->idx[j];
+      hole = j;
+    }
+  }
+  d->idx[hole].live = 0;
+  d->items--;
+}
+
+/* ---- slab allocator --------------------------------------------------------- */
+
+/* Keeps room for one more extent than blocks + 1: a slab with B blocks has at
+ * most B + 1 free extents, so freeing never needs memory and cannot fail. */
+static int ext_reserve(dram *d, slab *s, uint64_t want) {
+  if (s->cap_ext >= want)
+    return 0;
+  uint64_t cap = s->cap_ext ? s->cap_ext * 2 : EXT_MIN;
+  while (cap < want)
+    cap *= 2;
+  extent *e = kvt_alloc(d->ctx, cap * sizeof(*e), 64);
+  if (!e)
+    return -ENOMEM;
+  if (s->n_ext)
+    memcpy(e, s->ext, s->n_ext * sizeof(*e));
+  kvt_dealloc(d->ctx, s->ext);
+  s->ext = e;
+  s->cap_ext = cap;
+  return 0;
+}
+
+static void slab_release(dram *d, slab *s) {
+  UNPOISON(s->base, s->size);
+  kvt_dealloc(d->ctx, s->base);
+  kvt_dealloc(d->ctx, s->ext);
+  d->slab_bytes -= s->size;
+  memset(s, 0, sizeof(*s));
+}
+
+/* Empty slabs stay for reuse; they are given back only when a slab of
+ * another size needs their share of the capacity (a payload larger than a
+ * standard slab, or the capacity's odd remainder). */
+static void release_empty_slabs(dram *d) {
+  for (uint32_t i = 0; i < d->n_slabs; i++)
+    if (d->slabs[i].base && d->slabs[i].blocks == 0)
+      slab_release(d, &d->slabs[i]);
+}
+
+static int slab_slot(dram *d, uint32_t *out) {
+  for (uint32_t i = 0; i < d->n_slabs; i++)
+    if (!d->slabs[i].base) {
+      *out = i;
+      return 0;
+    }
+  if (d->n_slabs == d->cap_slabs) {
+    const uint32_t cap = d->cap_slabs ? d->cap_slabs * 2 : 8;
+    slab *n = kvt_alloc(d->ctx, (size_t)cap * sizeof(*n), 64);
+    if (!n)
+      return -ENOMEM;
+    memset(n, 0, (size_t)cap * sizeof(*n));
+    if (d->n_slabs)
+      memcpy(n, d->slabs, d->n_slabs * sizeof(*n));
+    kvt_dealloc(d->ctx, d->slabs);
+    d->slabs = n;
+    d->cap_slabs = cap;
+  }
+  *out = d->n_slabs++;
+  return 0;
+}
+
+/* Adds a slab able to hold `need` bytes: a standard one, one sized to the
+ * payload when it is larger, or the smaller remainder of the capacity. */
+static int slab_add(dram *d, uint64_t need, uint32_t *out) {
+  uint64_t size = need > d->slab_size ? need : d->slab_size;
+  if (size > d->capacity - d->slab_bytes)
+    release_empty_slabs(d);
+  if (size > d->capacity - d->slab_bytes)
+    size = (d->capacity - d->slab_bytes) & ~(uint64_t)(GRANULE - 1);
+  if (size < need || (uint64_t)(size_t)size != size)
+    return -ENOSPC;
+  uint32_t i;
+  int rc = slab_slot(d, &i);
+  if (rc)
+    return rc;
+  slab *s = &d->slabs[i];
+  s->base = kvt_alloc(d->ctx, (size_t)size, SLAB_ALIGN);
+  if (!s->base || ext_reserve(d, s, 2) != 0) {
+    kvt_dealloc(d->ctx, s->base);
+    kvt_dealloc(d->ctx, s->ext);
+    memset(s, 0, sizeof(*s));
+    return -ENOMEM;
+  }
+  POISON(s->base, size);
+  s->size = s->max_free = size;
+  s->ext[0] = (extent){0, size};
+  s->n_ext = 1;
+  d->slab_bytes += size;
+  *out = i;
+  return 0;
+}
+
+/* First fit within one slab; a miss tightens the max_free bound. */
+static int64_t slab_fit(slab *s, uint64_t need) {
+  uint64_t best = 0;
+  for (uint64_t i = 0; i < s->n_ext; i++) {
+    if (s->ext[i].len >= need)
+      return (int64_t)i;
+    if (s->ext[i].len > best)
+      best = s->ext[i].len;
+  }
+  s->max_free = best;
+  return -1;
+}
+
+static int slab_take(dram *d, uint32_t si, uint64_t k, uint64_t need, uint64_t *off) {
+  slab *s = &d->slabs[si];
+  int rc = ext_reserve(d, s, s->blocks + 2);
+  if (rc)
+    return rc;
+  extent *e = &s->ext[k];
+  *off = e->off;
+  e->off += need;
+  e->len -= need;
+  if (e->len == 0) {
+    memmove(e, e + 1, (s->n_ext - k - 1) * sizeof(*e));
+    s->n_ext--;
+  }
+  s->blocks++;
+  d->used += need;
+  return 0;
+}
+
+/* Reserves `need` bytes (a multiple of GRANULE). With free extents split
+ * across slabs or between blocks, a PUT can get -ENOSPC while `used` is below
+ * the capacity: there is no compaction, as blocks may be pinned by readers
+ * (and later registered for DMA). Deleting neighbours coalesces the space. */
+static int block_alloc(dram *d, uint64_t need, uint32_t *si, uint64_t *off) {
+  if (need > d->capacity - d->used)
+    return -ENOSPC;
+  for (uint32_t i = 0; i < d->n_slabs; i++) {
+    slab *s = &d->slabs[i];
+    if (!s->base || s->max_free < need)
+      continue;
+    const int64_t k = slab_fit(s, need);
+    if (k >= 0) {
+      *si = i;
+      return slab_take(d, i, (uint64_t)k, need, off);
+    }
+  }
+  int rc = slab_add(d, need, si);
+  return rc ? rc : slab_take(d, *si, 0, need, off);
+}
+
+static void block_free(dram *d, uint32_t si, uint64_t off, uint64_t size) {
+  slab *s = &d->slabs[si];
+  POISON(s->base + off, size);
+  uint64_t lo = 0, hi = s->n_ext; /* first extent above off */
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (s->ext[mid].off < off)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  extent *prev = lo > 0 ? &s->ext[lo - 1] : NULL;
+  extent *next = lo < s->n_ext ? &s->ext[lo] : NULL;
+  const int join_prev = prev && prev->off + prev->len == off;
+  const int join_next = next && off + size == next->off;
+  extent *grown;
+  if (join_prev && join_next) {
+    prev->len += size + next->len;
+    memmove(next, next + 1, (s->n_ext - lo - 1) * sizeof(*next));
+    s->n_ext--;
+    grown = prev;
+  } else if (join_prev) {
+    prev->len += size;
+    grown = prev;
+  } else if (join_next) {
+    next->off = off;
+    next->len += size;
+    grown = next;
+  } else { /* room guaranteed by ext_reserve */
+    memmove(&s->ext[lo + 1], &s->ext[lo], (s->n_ext - lo) * sizeof(extent));
+    s->ext[lo] = (extent){off, size};
+    s->n_ext++;
+    grown = &s->ext[lo];
+  }
+  if (grown->len > s->max_free)
+    s->max_free = grown->len;
+  s->blocks--;
+  d->used -= size;
+}
+
+/* ---- pins ------------------------------------------------------------------- */
+
+/* Pins e's block for a reader. Returns the pin record, or -1 when all are
+ * taken (the caller then copies under the lock). */
+static int pin_take(dram *d, entry *e) {
+  if (e->pin) {
+    d->pins[e->pin - 1].readers++;
+    return e->pin - 1;
+  }
+  if (!d->n_free_pins)
+    return -1;
+  const int p = d->free_pins[--d->n_free_pins];
+  d->pins[p] = (pin){e->key, e->off, kvt_align_up(e->len, GRANULE), e->slab, 1, 0};
+  e->pin = (uint16_t)(p + 1);
+  return p;
+}
+
+static void pin_drop(dram *d, int p) {
+  pin *r = &d->pins[p];
+  if (--r->readers)
+    return;
+  if (r->dead) {
+    block_free(d, r->slab, r->off, r->size);
+  } else { /* not dead: still indexed, and by this very block */
+    entry *e = idx_find(d, &r->key);
+    if (e)
+      e->pin = 0;
+  }
+  d->free_pins[d->n_free_pins++] = (uint8_t)p;
+}
+
+/* Drops e's block from the index's view: freed now, or by its last reader. */
+static void entry_release(dram *d, const entry *e) {
+  if (e->slab == NO_SLAB)
+    return;
+  if (e->pin)
+    d->pins[e->pin - 1].dead = 1;
+  else
+    block_free(d, e->slab, e->off, kvt_align_up(e->len, GRANULE));
+}
+
+/* ---- operations ---------------------------------------------------------------- */
+
+/* The old value is released only once the new one is stored, so a PUT that
+ * fails leaves it in place; it also means replacing needs room for both. */
+static int op_put(dram *d, const kvt_tier_op *op) {
+  const uint64_t len = op->len;
+  if (len > d->capacity || len > SIZE_MAX - GRANULE)
+    return -ENOSPC;
+  const uint64_t size = kvt_align_up(len, GRANULE);
+  uint32_t si = NO_SLAB;
+  uint64_t off = 0;
+  uint8_t *dst = NULL;
+  pthread_mutex_lock(&d->mu);
+  int rc = idx_reserve(d, d->items + d->pending + 1);
+  if (!rc && size)
+    rc = block_alloc(d, size, &si, &off);
+  if (rc) {
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+  }
+  if (size) {
+    dst = d->slabs[si].base + off; /* read under the lock: the slab array may move */
+    UNPOISON(dst, len);
+  }
+  d->pending++;
+  pthread_mutex_unlock(&d->mu);
+
+  if (len)
+    memcpy(dst, op->buf, (size_t)len); /* the block is private until published */
+
+  pthread_mutex_lock(&d->mu);
+  d->pending--;
+  entry *e = idx_find(d, &op->key);
+  if (e) {
+    entry_release(d, e);
+  } else {
+    e = idx_slot(d, &op->key);
+    d->items++;
+  }
+  *e = (entry){op->key, off, len, si, 0, 1};
+  pthread_mutex_unlock(&d->mu);
+  return 0;
+}
+
+static int op_get(dram *d, kvt_tier_op *op) {
+  pthread_mutex_lock(&d->mu);
+  entry *e = idx_find(d, &op->key);
+  if (!e) {
+    pthread_mutex_unlock(&d->mu);
+    return KVT_ENOTFOUND;
+  }
+  const uint64_t len = e->len;
+  op->out_len = len;
+  if (len > op->len || len == 0) {
+    pthread_mutex_unlock(&d->mu);
+    return len ? KVT_ENOBUFS : 0;
+  }
+  const uint8_t *src = d->slabs[e->slab].base + e->off;
+  const int p = pin_take(d, e);
+  if (p < 0) { /* more concurrent readers than pin records: rare, stay correct */
+    memcpy(op->buf, src, (size_t)len);
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+  }
+  pthread_mutex_unlock(&d->mu);
+  memcpy(op->buf, src, (size_t)len);
+  pthread_mutex_lock(&d->mu);
+  pin_drop(d, p);
+  pthread_mutex_unlock(&d->mu);
+  return 0;
+}
+
+static int op_del(dram *d, const kvt_tier_op *op) {
+  pthread_mutex_lock(&d->mu);
+  entry *e = idx_find(d, &op->key);
+  if (e) {
+    entry_release(d, e);
+    idx_remove(d, e);
+  }
+  pthread_mutex_unlock(&d->mu);
+  return e ? 0 : KVT_ENOTFOUND;
+}
+
+static int op_query(dram *d, kvt_tier_op *op) {
+  pthread_mutex_lock(&d->mu);
+  const entry *e = idx_find(d, &op->key);
+  if (e)
+    op->out_len = e->len;
+  pthread_mutex_unlock(&d->mu);
+  return e ? 0 : KVT_ENOTFOUND;
+}
+
+/* ---- backend table ------------------------------------------------------------ */
+
+static int dram_submit(void *state, kvt_tier_op *op) {
+  dram *d = state;
+  int rc;
+  switch (op->opcode) {
+  case KVT_TIER_PUT:
+    rc = op_put(d, op);
+    break;
+  case KVT_TIER_GET:
+    rc = op_get(d, op);
+    break;
+  case KVT_TIER_DEL:
+    rc = op_del(d, op);
+    break;
+  case KVT_TIER_QUERY:
+    rc = op_query(d, op);
+    break;
+  default:
+    return -EINVAL;
+  }
+  op->result = rc;
+  kvt_tier_complete(d->tier, op); /* last touch: a blocking caller may return at once */
+  return 0;
+}
+
+static int dram_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
+  uint64_t cap = 0;
+  if (kvt_parse_size(args, &cap) != 0 || cap == 0)
+    return kvt_fail(ctx, -EINVAL,
+                    "dram tier: capacity '%s' is not a size above zero (e.g. dram:8GiB)",
+                    args ? args : "");
+  dram *d = kvt_alloc(ctx, sizeof(*d), 64);
+  if (!d)
+    return kvt_fail(ctx, -ENOMEM, "dram tier: allocating its state");
+  memset(d, 0, sizeof(*d));
+  if (pthread_mutex_init(&d->mu, NULL) != 0) {
+    kvt_dealloc(ctx, d);
+    return kvt_fail(ctx, -ENOMEM, "dram tier: creating its mutex");
+  }
+  d->ctx = ctx;
+  d->tier = tier;
+  d->capacity = cap;
+  d->slab_size = (cap < SLAB_MAX ? cap : SLAB_MAX) & ~(uint64_t)(GRANULE - 1);
+  for (unsigned i = 0; i < NPINS; i++)
+    d->free_pins[i] = (uint8_t)(NPINS - 1 - i);
+  d->n_free_pins = NPINS;
+  kvt_logf(ctx, KVT_LOG_INFO,
+           "dram tier: capacity %llu bytes in slabs of %llu allocated on demand; "
+           "memory is not pinned (cudaHostRegister comes with the GPU work, issue 4)",
+           (unsigned long long)cap, (unsigned long long)d->slab_size);
+  *state = d;
+  return 0;
+}
+
+static void dram_close(void *state) {
+  dram *d = state;
+  kvt_ctx *ctx = d->ctx;
+  for (uint32_t i = 0; i < d->n_slabs; i++)
+    if (d->slabs[i].base)
+      slab_release(d, &d->slabs[i]);
+  kvt_dealloc(ctx, d->slabs);
+  kvt_dealloc(ctx, d->idx);
+  pthread_mutex_destroy(&d->mu);
+  kvt_dealloc(ctx, d);
+}
+
+static int dram_stats(void *state, kvt_tier_stats *out) {
+  dram *d = state;
+  pthread_mutex_lock(&d->mu);
+  out->capacity = d->capacity;
+  out->used = d->used;
+  out->items = d->items;
+  pthread_mutex_unlock(&d->mu);
+  return 0;
+}
+
+typedef struct listed {
+  kvt_key key;
+  uint64_t len;
+} listed;
+
+/* fn runs on a copy taken under the lock, so it may call back into the tier
+ * (GET what it is shown, DEL it) without deadlocking or invalidating the walk. */
+static int dram_list(void *state, kvt_tier_list_fn fn, void *opaque) {
+  dram *d = state;
+  pthread_mutex_lock(&d->mu);
+  const uint64_t n = d->items;
+  listed *all = n ? kvt_alloc(d->ctx, (size_t)n * sizeof(*all), 64) : NULL;
+  if (n && !all) {
+    pthread_mutex_unlock(&d->mu);
+    return -ENOMEM;
+  }
+  uint64_t k = 0;
+  for (uint64_t i = 0; i < d->idx_cap && k < n; i++)
+    if (d->idx[i].live)
+      all[k++] = (listed){d->idx[i].key, d->idx[i].len};
+  pthread_mutex_unlock(&d->mu);
+  int rc = 0;
+  for (uint64_t i = 0; i < k && rc == 0; i++)
+    rc = fn(opaque, &all[i].key, all[i].len);
+  pthread_mutex_lock(&d->mu); /* allocator hooks are only called under the lock */
+  kvt_dealloc(d->ctx, all);
+  pthread_mutex_unlock(&d->mu);
+  return rc;
+}
+
+const kvt_tier_backend kvt_tier_backend_dram = {
+    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "dram", dram_open, dram_close, dram_submit,
+    NULL, dram_stats, dram_list,
+};

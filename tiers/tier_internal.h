@@ -1,0 +1,22 @@
+/* tiers/tier_internal.h - what the tier backends share with the generic
+ * layer (tiers/tier.c): the compiled-in backends of the static registry. */
+#ifndef KVT_TIER_INTERNAL_H
+#define KVT_TIER_INTERNAL_H
+
+#include "kvt_internal.h"
+#include "kvtier/tier.h"
+
+extern const kvt_tier_backend kvt_tier_backend_dram;  /* tiers/tier_dram.c */
+extern const kvt_tier_backend kvt_tier_backend_fault; /* tiers/tier_fault.c */
+extern const kvt_tier_backend kvt_tier_backend_trace; /* tiers/tier_trace.c */
+
+/* The context a tier was opened with (for decorators opening inner tiers,
+ * and for error detail). */
+kvt_ctx *kvt_tier_ctx(kvt_tier *tier);
+
+/* Runs op on inner through its blocking helpers (a PUT stores put_len bytes
+ * of put_buf) and sets op's result and out_len: how the decorators forward,
+ * synchronously, inside their submit. */
+void kvt_tier_forward(kvt_tier *inner, kvt_tier_op *op, const void *put_buf, uint64_t put_len);
+
+#endif

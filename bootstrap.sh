@@ -27,7 +27,7 @@ esac
 
 # Debian packages kvtier needs to build and test. CUDA (nvcc) is optional and
 # used when present.
-packages=(cmake make gcc g++ pkg-config libcmocka-dev libzstd-dev libxxhash-dev)
+packages=(cmake make gcc g++ pkg-config libcmocka-dev libzstd-dev libxxhash-dev liburing-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -34,6 +34,8 @@ static tier_row tier_rows[] = {
     {"dram:64MiB"},
     {"trace@dram:64MiB"},
     {"fault:op=any,every=1000000,mode=fail@dram:64MiB"}, /* a rule that never fires */
+    {"nvme:{tmpdir}:256MiB"},
+    {"nvme:{tmpdir}:256MiB,engine=pread"},
 };
 
 #define MiB (1024u * 1024u)

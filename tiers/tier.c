@@ -29,6 +29,7 @@ struct kvt_tier {
 
 static const kvt_tier_backend *const registry[] = {
     &kvt_tier_backend_dram,
+    &kvt_tier_backend_nvme,
     &kvt_tier_backend_fault,
     &kvt_tier_backend_trace,
 };

@@ -7,6 +7,7 @@
 #include "kvtier/tier.h"
 
 extern const kvt_tier_backend kvt_tier_backend_dram;  /* tiers/tier_dram.c */
+extern const kvt_tier_backend kvt_tier_backend_nvme;  /* tiers/tier_nvme.c */
 extern const kvt_tier_backend kvt_tier_backend_fault; /* tiers/tier_fault.c */
 extern const kvt_tier_backend kvt_tier_backend_trace; /* tiers/tier_trace.c */
 

@@ -17,11 +17,15 @@
  *
  * Tiers are opened from a spec string "SCHEME:ARGS":
  *   dram:SIZE                    capacity-bounded host memory, e.g. dram:8GiB
+ *   nvme:DIR:SIZE[,qd=N][,engine=pread]
+ *                                one file per payload under DIR, io_uring and
+ *                                O_DIRECT (pread/pwrite where io_uring is not
+ *                                available); survives restart, torn files miss
  *   fault:RULES@SPEC             fault injection around another tier (tests)
  *   trace@SPEC                   logs every operation through the context's log
  * SIZE takes B, KiB, MiB, GiB, TiB (or K, M, G, T, all powers of 1024) and
- * KB, MB, GB, TB (powers of 1000). Later releases add nvme:, hbm:, redis://
- * and fabric://. */
+ * KB, MB, GB, TB (powers of 1000). Later releases add hbm:, redis:// and
+ * fabric://. */
 #ifndef KVTIER_TIER_H
 #define KVTIER_TIER_H
 

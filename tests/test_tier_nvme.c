@@ -1,0 +1,363 @@
+/* tests/test_tier_nvme.c - what is particular to the nvme tier: values
+ * survive close and reopen, a torn or rotten file is a miss (never wrong
+ * bytes) and is deleted, stray temporaries go on open, capacity gives
+ * -ENOSPC, an impossible DIR fails open with a detail, and a writer killed
+ * mid-PUT leaves every acknowledged value intact. Each test runs on both
+ * engines (io_uring and the forced pread/pwrite path). Behaviour every tier
+ * shares is in test_tier_conformance.c. */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvtier.h"
+
+typedef struct fx {
+  const char *engine; /* "" or ",engine=pread" */
+  char dir[256];
+  char log[4096]; /* WARN lines, joined */
+  kvt_ctx *ctx;
+} fx;
+
+static void fx_log(void *opaque, int level, const char *msg) {
+  fx *f = opaque;
+  if (level <= KVT_LOG_WARN)
+    snprintf(f->log + strlen(f->log), sizeof(f->log) - strlen(f->log), "%s\n", msg);
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+static int setup(void **state, const char *engine) {
+  fx *f = calloc(1, sizeof(*f));
+  if (!f)
+    return -1;
+  f->engine = engine;
+  const char *base = getenv("TMPDIR");
+  snprintf(f->dir, sizeof(f->dir), "%s/kvt_nvme_XXXXXX", base ? base : "/tmp");
+  kvt_ctx_config cfg = KVT_CTX_CONFIG_INIT;
+  cfg.log = fx_log;
+  cfg.log_opaque = f;
+  if (!mkdtemp(f->dir) || kvt_ctx_create(&cfg, &f->ctx) != 0) {
+    free(f);
+    return -1;
+  }
+  *state = f;
+  return 0;
+}
+static int setup_uring(void **state) { return setup(state, ""); }
+static int setup_pread(void **state) { return setup(state, ",engine=pread"); }
+
+static int teardown(void **state) {
+  fx *f = *state;
+  kvt_ctx_destroy(f->ctx);
+  nftw(f->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  free(f);
+  return 0;
+}
+
+static kvt_tier *open_tier(fx *f, const char *size) {
+  char spec[512];
+  snprintf(spec, sizeof(spec), "nvme:%s:%s%s", f->dir, size, f->engine);
+  kvt_tier *t = NULL;
+  const int rc = kvt_tier_open(f->ctx, spec, &t);
+  if (rc != 0)
+    fail_msg("open %s: %s: %s", spec, kvt_err_name(rc), kvt_ctx_last_error(f->ctx));
+#ifdef KVT_HAVE_URING
+  if (!f->engine[0] && !getenv("KVT_NVME_FORCE_PREAD")) /* built with io_uring: it is used */
+    assert_null(strstr(f->log, "io_uring unavailable"));
+#endif
+  return t;
+}
+
+static kvt_key key_of(uint32_t id) {
+  kvt_key k;
+  memset(&k, 0xA7, sizeof(k));
+  memcpy(k.bytes, &id, sizeof(id));
+  return k;
+}
+
+static void fill(uint8_t *p, size_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    p[i] = (uint8_t)(x >> 29);
+  }
+}
+
+static size_t size_of(uint32_t i) { return i == 0 ? 0 : (size_t)(i * 7919u) % 70000u + 1; }
+
+static void file_path(const fx *f, uint32_t id, char *out, size_t cap) {
+  const kvt_key k = key_of(id);
+  char hex[33];
+  for (int i = 0; i < 16; i++)
+    snprintf(hex + 2 * i, 3, "%02x", k.bytes[i]);
+  snprintf(out, cap, "%s/%.2s/%s", f->dir, hex, hex);
+}
+
+static int exists(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+/* Puts value i (size_of(i), seeded by i) under key i. */
+static void put_value(kvt_tier *t, uint32_t i) {
+  uint8_t *v = malloc(size_of(i) + 1);
+  assert_non_null(v);
+  fill(v, size_of(i), i);
+  const kvt_key k = key_of(i);
+  assert_int_equal(kvt_tier_put(t, &k, v, size_of(i)), 0);
+  free(v);
+}
+
+/* Whether key i holds exactly value i: 1 yes, 0 a miss; wrong bytes fail. */
+static int check_value(kvt_tier *t, uint32_t i) {
+  const size_t n = size_of(i);
+  uint8_t *want = malloc(n + 1), *got = malloc(n + 1);
+  assert_true(want && got);
+  fill(want, n, i);
+  const kvt_key k = key_of(i);
+  uint64_t len = 0;
+  const int rc = kvt_tier_get(t, &k, got, n + 1, &len);
+  if (rc == 0) {
+    assert_int_equal(len, n);
+    assert_memory_equal(got, want, n);
+  } else {
+    assert_int_equal(rc, KVT_ENOTFOUND);
+  }
+  free(want);
+  free(got);
+  return rc == 0;
+}
+
+static void edit_file(const char *path, off_t at, int truncate_to) {
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  if (truncate_to) {
+    assert_int_equal(ftruncate(fd, at), 0);
+  } else {
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, at), 1);
+    b ^= 0x40;
+    assert_int_equal(pwrite(fd, &b, 1, at), 1);
+  }
+  close(fd);
+}
+
+/* ---- tests ---- */
+
+static void test_values_survive_close_and_reopen_byte_identical(void **state) {
+  fx *f = *state;
+  enum { N = 40 };
+  kvt_tier *t = open_tier(f, "256MiB");
+  for (uint32_t i = 0; i < N; i++)
+    put_value(t, i);
+  kvt_tier_stats s1 = {.struct_size = sizeof(s1)}, s2 = {.struct_size = sizeof(s2)};
+  assert_int_equal(kvt_tier_stats_get(t, &s1), 0);
+  kvt_tier_close(t);
+  t = open_tier(f, "256MiB");
+  assert_int_equal(kvt_tier_stats_get(t, &s2), 0);
+  assert_int_equal(s2.items, N);
+  assert_int_equal(s2.used, s1.used);
+  for (uint32_t i = 0; i < N; i++) {
+    uint64_t len = 99;
+    const kvt_key k = key_of(i);
+    assert_int_equal(kvt_tier_query(t, &k, &len), 0);
+    assert_int_equal(len, size_of(i));
+    assert_int_equal(check_value(t, i), 1);
+  }
+  kvt_tier_close(t);
+}
+
+static void test_flipped_payload_byte_is_a_miss_and_deletes_the_file(void **state) {
+  fx *f = *state;
+  kvt_tier *t = open_tier(f, "64MiB");
+  put_value(t, 5);
+  put_value(t, 6);
+  kvt_tier_close(t);
+  char path[512];
+  file_path(f, 5, path, sizeof(path));
+  edit_file(path, 4096 + 17, 0);
+  t = open_tier(f, "64MiB"); /* headers are fine: open keeps it, GET verifies */
+  assert_int_equal(check_value(t, 5), 0);
+  assert_false(exists(path));
+  assert_non_null(strstr(f->log, "checksum"));
+  uint64_t len;
+  const kvt_key k = key_of(5);
+  assert_int_equal(kvt_tier_query(t, &k, &len), KVT_ENOTFOUND);
+  assert_int_equal(check_value(t, 6), 1); /* its neighbour is untouched */
+  kvt_tier_close(t);
+}
+
+static void test_truncated_or_bad_header_file_is_dropped_on_open(void **state) {
+  fx *f = *state;
+  kvt_tier *t = open_tier(f, "64MiB");
+  put_value(t, 3); /* 23758 bytes: truncated below */
+  put_value(t, 4); /* header flipped below */
+  put_value(t, 7);
+  kvt_tier_close(t);
+  char p3[512], p4[512];
+  file_path(f, 3, p3, sizeof(p3));
+  file_path(f, 4, p4, sizeof(p4));
+  edit_file(p3, 4096 + 8192, 1);
+  edit_file(p4, 20, 0);
+  t = open_tier(f, "64MiB");
+  kvt_tier_stats s = {.struct_size = sizeof(s)};
+  assert_int_equal(kvt_tier_stats_get(t, &s), 0);
+  assert_int_equal(s.items, 1);
+  assert_false(exists(p3));
+  assert_false(exists(p4));
+  assert_int_equal(check_value(t, 3), 0);
+  assert_int_equal(check_value(t, 4), 0);
+  assert_int_equal(check_value(t, 7), 1);
+  kvt_tier_close(t);
+}
+
+static void test_stray_temp_files_are_removed_on_open(void **state) {
+  fx *f = *state;
+  kvt_tier *t = open_tier(f, "64MiB");
+  kvt_tier_close(t);
+  char tmp[512];
+  snprintf(tmp, sizeof(tmp), "%s/a7/.tmp-a7a7-12", f->dir);
+  FILE *fp = fopen(tmp, "w");
+  assert_non_null(fp);
+  fputs("half a value", fp);
+  fclose(fp);
+  t = open_tier(f, "64MiB");
+  assert_false(exists(tmp));
+  kvt_tier_close(t);
+}
+
+static void test_full_tier_refuses_put_with_enospc(void **state) {
+  fx *f = *state;
+  kvt_tier *t = open_tier(f, "1MiB");
+  static uint8_t v[100000];
+  uint32_t stored = 0;
+  int rc = 0;
+  for (; stored < 20 && rc == 0; stored++) {
+    const kvt_key k = key_of(100 + stored);
+    rc = kvt_tier_put(t, &k, v, sizeof(v));
+  }
+  assert_int_equal(rc, -ENOSPC);
+  assert_int_equal(stored - 1, (1u << 20) / (4096 + 102400)); /* on-disk bytes count */
+  const kvt_key big = key_of(99);
+  static uint8_t huge[2u << 20];
+  assert_int_equal(kvt_tier_put(t, &big, huge, sizeof(huge)), -ENOSPC);
+  kvt_tier_stats s = {.struct_size = sizeof(s)};
+  assert_int_equal(kvt_tier_stats_get(t, &s), 0);
+  assert_true(s.used <= s.capacity);
+  kvt_tier_close(t);
+}
+
+static void test_dir_under_a_regular_file_fails_open_naming_it(void **state) {
+  fx *f = *state;
+  char file[300], spec[600];
+  snprintf(file, sizeof(file), "%s/plain", f->dir);
+  FILE *fp = fopen(file, "w");
+  assert_non_null(fp);
+  fclose(fp);
+  snprintf(spec, sizeof(spec), "nvme:%s/sub:1MiB%s", file, f->engine);
+  kvt_tier *t = NULL;
+  const int rc = kvt_tier_open(f->ctx, spec, &t);
+  assert_int_equal(rc, -ENOTDIR);
+  assert_null(t);
+  assert_non_null(strstr(kvt_ctx_last_error(f->ctx), "plain/sub"));
+  snprintf(spec, sizeof(spec), "nvme:%s:lots", f->dir);
+  assert_int_equal(kvt_tier_open(f->ctx, spec, &t), KVT_ESPEC);
+}
+
+static void test_force_pread_env_logs_the_fallback_and_works(void **state) {
+  fx *f = *state;
+  setenv("KVT_NVME_FORCE_PREAD", "1", 1);
+  kvt_tier *t = open_tier(f, "64MiB");
+  unsetenv("KVT_NVME_FORCE_PREAD");
+  assert_non_null(strstr(f->log, "io_uring unavailable ("));
+  assert_non_null(strstr(f->log, "using pread/pwrite"));
+  put_value(t, 11);
+  assert_int_equal(check_value(t, 11), 1);
+  kvt_tier_close(t);
+}
+
+/* The child PUTs values 0, 1, 2, ... and reports each acknowledged one. */
+static void writer_child(const fx *f, int wfd) {
+  kvt_ctx *ctx = NULL;
+  kvt_tier *t = NULL;
+  char spec[512];
+  snprintf(spec, sizeof(spec), "nvme:%s:1GiB%s", f->dir, f->engine);
+  if (kvt_ctx_create(NULL, &ctx) != 0 || kvt_tier_open(ctx, spec, &t) != 0)
+    _exit(2);
+  uint8_t *v = malloc(70001);
+  for (uint32_t i = 0; v; i++) {
+    fill(v, size_of(i), i);
+    const kvt_key k = key_of(i);
+    if (kvt_tier_put(t, &k, v, size_of(i)) != 0 || write(wfd, &i, sizeof(i)) != sizeof(i))
+      _exit(3);
+  }
+  _exit(4);
+}
+
+static void test_killed_writer_leaves_acknowledged_values_intact(void **state) {
+  fx *f = *state;
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(p[0]);
+    writer_child(f, p[1]);
+  }
+  close(p[1]);
+  uint32_t id, acked = 0;
+  while (acked < 30 && read(p[0], &id, sizeof(id)) == sizeof(id))
+    acked = id + 1;
+  assert_int_equal(kill(pid, SIGKILL), 0);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFSIGNALED(status));
+  while (read(p[0], &id, sizeof(id)) == sizeof(id)) /* acks written before the kill */
+    acked = id + 1;
+  close(p[0]);
+  kvt_tier *t = open_tier(f, "1GiB");
+  for (uint32_t i = 0; i < acked; i++)
+    assert_int_equal(check_value(t, i), 1);
+  kvt_tier_stats s = {.struct_size = sizeof(s)};
+  assert_int_equal(kvt_tier_stats_get(t, &s), 0);
+  assert_true(s.items == acked || s.items == acked + 1); /* the one in flight may have landed */
+  check_value(t, acked); /* whole or a miss, never other bytes */
+  kvt_tier_close(t);
+}
+
+#define BOTH(fn)                                                                                   \
+  cmocka_unit_test_setup_teardown(fn, setup_uring, teardown),                                      \
+      cmocka_unit_test_setup_teardown(fn, setup_pread, teardown)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      BOTH(test_values_survive_close_and_reopen_byte_identical),
+      BOTH(test_flipped_payload_byte_is_a_miss_and_deletes_the_file),
+      BOTH(test_truncated_or_bad_header_file_is_dropped_on_open),
+      BOTH(test_stray_temp_files_are_removed_on_open),
+      BOTH(test_full_tier_refuses_put_with_enospc),
+      BOTH(test_dir_under_a_regular_file_fails_open_naming_it),
+      cmocka_unit_test_setup_teardown(test_force_pread_env_logs_the_fallback_and_works,
+                                      setup_uring, teardown),
+      BOTH(test_killed_writer_leaves_acknowledged_values_intact),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_bench_tier.h"
 #include "cli_util.h"
 #include "codec_internal.h" /* the kernel table actually in use, for the report */
 #include "synth.h"
@@ -272,12 +273,14 @@ static int bench_parse(int argc, char **argv, bench_cfg *c) {
 }
 
 int cli_bench_main(int argc, char **argv) {
+  if (argc >= 2 && strcmp(argv[1], "tier") == 0)
+    return cli_bench_tier_main(argc - 1, argv + 1);
   if (argc < 2 || strcmp(argv[1], "codec") != 0) {
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
       fputs(bench_help, stdout);
       return CLI_OK;
     }
-    return cli_usage_error("bench", "expected 'kvtier bench codec [OPTIONS]'");
+    return cli_usage_error("bench", "expected 'kvtier bench codec|tier [OPTIONS]'");
   }
   bench b;
   memset(&b, 0, sizeof(b));

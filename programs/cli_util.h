@@ -112,5 +112,6 @@ int cli_inspect_main(int argc, char **argv);
 int cli_verify_main(int argc, char **argv);
 int cli_demo_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
+int cli_store_main(int argc, char **argv);
 
 #endif

@@ -5,6 +5,7 @@
 
 #include "cli_util.h"
 
+
 static const char usage[] =
     "Usage: kvtier COMMAND [OPTIONS]    ('kvtier COMMAND --help' for its options)\n"
     "\n"
@@ -18,6 +19,8 @@ static const char usage[] =
     "  demo         encode synthetic Llama-3.1-8B-shaped KV with every preset and\n"
     "               report bytes, element errors and attention-output error\n"
     "  bench codec  single-thread encode/decode throughput against memcpy\n"
+    "  bench tier   tier PUT/GET throughput against memcpy (dram) or fio (nvme)\n"
+    "  store        put, get, rm, ls and stats on one storage tier (--tiers SPEC)\n"
     "\n"
     "Codec specs:\n"
     "  raw | k16v8 | fp8 | int8 | k16v4 | k8v4 | int4, or the general form\n"
@@ -57,6 +60,7 @@ int main(int argc, char **argv) {
   } cmds[] = {
       {"encode", cli_encode_main}, {"decode", cli_decode_main}, {"inspect", cli_inspect_main},
       {"verify", cli_verify_main}, {"demo", cli_demo_main},     {"bench", cli_bench_main},
+      {"store", cli_store_main},
   };
   if (argc < 2) {
     fputs(usage, stderr);

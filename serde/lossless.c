@@ -135,7 +135,7 @@ int kvt_lossless_decompress(kvt_ctx *ctx, int comp, const uint8_t *src, size_t n
     if (!s->dc)
       return kvt_fail(ctx, -ENOMEM, "creating a zstd decompression context");
   }
-  uint8_t *raw;
+  uint8_t *raw = NULL;
   int rc = kvt_scratch_get(ctx, 0, raw_size ? raw_size : 1, &raw);
   if (rc)
     return rc;
@@ -144,7 +144,7 @@ int kvt_lossless_decompress(kvt_ctx *ctx, int comp, const uint8_t *src, size_t n
     return kvt_fail(ctx, KVT_ECORRUPT, "zstd section does not decompress to %zu bytes: %s",
                     raw_size, ZSTD_isError(r) ? ZSTD_getErrorName(r) : "wrong length");
   if (comp == KVT_COMP_ZSTD_SHUFFLE16) {
-    uint8_t *tmp;
+    uint8_t *tmp = NULL;
     rc = kvt_scratch_get(ctx, 1, raw_size, &tmp);
     if (rc)
       return rc;

@@ -64,11 +64,11 @@ int kvt_parse_size(const char *text, uint64_t *out) {
   unsigned long long v = strtoull(text, &end, 10);
   if (errno)
     return -EINVAL;
-  char unit[8];
+  char unit[8] = {0};
   size_t n = strlen(end);
   if (n >= sizeof(unit))
     return -EINVAL;
-  for (size_t i = 0; i <= n; i++)
+  for (size_t i = 0; i < n; i++)
     unit[i] = (char)tolower((unsigned char)end[i]);
   for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
     if (strcmp(unit, units[i].unit) == 0) {

@@ -1,0 +1,380 @@
+/* programs/cli_store.c - `kvtier store`: put, get, remove, list and count the
+ * payloads of one tier from the command line, so an operator can inspect and
+ * repair a persistent (nvme:) tier. Every payload is verified on the way in
+ * and on the way out. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+
+int cli_store_main(int argc, char **argv);
+
+static const char store_help[] =
+    "Usage: kvtier store --tiers SPEC SUBCOMMAND [OPTIONS]\n"
+    "\n"
+    "Inspect and repair one storage tier: store, fetch, remove and list payloads.\n"
+    "--tiers comes before the subcommand.\n"
+    "\n"
+    "Subcommands:\n"
+    "  put [--key HEX] IN.kvt   verify IN.kvt completely (as 'kvtier verify') and\n"
+    "                           store it under its chunk key; --key, when given,\n"
+    "                           must equal the payload's own key\n"
+    "  get --key HEX -o OUT.kvt fetch the payload, verify it, and write it to OUT.kvt\n"
+    "                           atomically (OUT.kvt.tmp, fsync, rename); a corrupt\n"
+    "                           payload is reported and not written\n"
+    "  rm --key HEX             remove the payload\n"
+    "  ls [--json]              every key with its length, sorted by key, and a count\n"
+    "  stats [--json]           capacity, used bytes, items and operation counters\n"
+    "                           of this invocation\n"
+    "\n"
+    "Tier specs (one tier; the cache manager over several tiers is future work):\n"
+    "  nvme:DIR:SIZE[,qd=N][,engine=pread]  one file per payload under DIR; persists\n"
+    "                           across invocations. Corrupt or torn files are\n"
+    "                           misses and are removed when found.\n"
+    "  dram:SIZE                host memory: works, but is empty at every start,\n"
+    "                           so it only makes sense for trying the commands\n"
+    "  fault:RULES@SPEC, trace@SPEC  decorators (tests, tracing)\n"
+    "  SIZE takes B, KiB, MiB, GiB, TiB (or K, M, G, T) and KB, MB, GB, TB.\n"
+    "  Example: kvtier store --tiers nvme:/var/lib/kvtier:100GiB ls\n"
+    "\n"
+    "Exit status:\n"
+    "  0  success\n"
+    "  1  invalid or corrupt payload, key mismatch, or key not found\n"
+    "  2  usage error: bad option, key or tier spec\n"
+    "  3  I/O error: a file or the tier could not be read or written\n"
+    "  4  any other failure (tier full, out of memory, ...)\n";
+
+/* Options of every subcommand; each takes the ones its mask names. */
+enum { OPT_KEY = 1, OPT_OUT = 2, OPT_JSON = 4 };
+
+typedef struct store_args {
+  const char *spec, *key_hex, *out, *file;
+  int json;
+  int have_key;
+  kvt_key key;
+  kvt_ctx *ctx;
+  kvt_tier *tier;
+} store_args;
+
+/* Tier warnings (a corrupt nvme file found and removed) reach the operator. */
+static void log_stderr(void *opaque, int level, const char *msg) {
+  (void)opaque;
+  (void)level;
+  fprintf(stderr, "kvtier: %s\n", msg);
+}
+
+/* Exit code of a failed tier operation, after printing `what: cause`. */
+static int tier_fail(const store_args *a, const char *what, int err) {
+  if (err == -ENOSPC) {
+    cli_error("%s: the tier is full (%s): the payload does not fit its free space", what,
+              a->spec);
+    return CLI_EFAIL;
+  }
+  cli_error("%s: %s: %s", what, kvt_err_name(err), kvt_strerror(err));
+  if (err == -ENOMEM || err <= -4000)
+    return CLI_EFAIL;
+  return CLI_EIO;
+}
+
+static int not_found(const store_args *a) {
+  cli_error("%s: not found in %s", a->key_hex, a->spec);
+  return CLI_EPAYLOAD;
+}
+
+static int store_put(store_args *a) {
+  void *buf;
+  size_t len;
+  int rc = cli_read_file(a->file, &buf, &len);
+  if (rc)
+    return rc;
+  kvt_payload_info info;
+  int err = kvt_payload_verify(a->ctx, buf, len, &info);
+  char hex[KVT_KEY_HEX_LEN + 1], want[KVT_KEY_HEX_LEN + 1];
+  if (err)
+    rc = cli_is_payload_error(err) ? cli_report_bad_payload(a->file, a->ctx, err)
+                                   : (cli_error("%s: %s", a->file, kvt_strerror(err)), CLI_EFAIL);
+  else if (a->have_key && memcmp(&a->key, &info.key, sizeof(info.key)) != 0) {
+    cli_error("%s: key mismatch: --key %s, but the payload's chunk key is %s", a->file,
+              kvt_key_hex(&a->key, want), kvt_key_hex(&info.key, hex));
+    rc = CLI_EPAYLOAD;
+  } else if ((err = kvt_tier_put(a->tier, &info.key, buf, len)) != 0)
+    rc = tier_fail(a, a->file, err);
+  else
+    printf("%s: stored under %s (%zu bytes) in %s\n", a->file, kvt_key_hex(&info.key, hex), len,
+           a->spec);
+  free(buf);
+  return rc;
+}
+
+/* Fetches the value of a->key into a new buffer, growing it when the value
+ * changed size between the query and the get. */
+static int fetch(store_args *a, void **out, uint64_t *out_len) {
+  uint64_t len = 0;
+  int err = kvt_tier_query(a->tier, &a->key, &len);
+  for (int tries = 0; err == 0 || err == KVT_ENOBUFS; tries++) {
+    if (tries == 4)
+      break;
+    void *buf = malloc(len ? len : 1);
+    if (!buf) {
+      cli_error("out of memory (%" PRIu64 " bytes)", len);
+      return CLI_EFAIL;
+    }
+    uint64_t got = 0;
+    err = kvt_tier_get(a->tier, &a->key, buf, len, &got);
+    if (err == 0) {
+      *out = buf;
+      *out_len = got;
+      return 0;
+    }
+    free(buf);
+    len = got;
+  }
+  if (err == KVT_ENOTFOUND)
+    return not_found(a);
+  return tier_fail(a, a->key_hex, err);
+}
+
+static int store_get(store_args *a) {
+  void *buf = NULL;
+  uint64_t len = 0;
+  int rc = fetch(a, &buf, &len);
+  if (rc)
+    return rc;
+  char label[KVT_KEY_HEX_LEN + 16];
+  snprintf(label, sizeof(label), "%s (stored)", a->key_hex);
+  kvt_payload_info info;
+  const int err = kvt_payload_verify(a->ctx, buf, (size_t)len, &info);
+  if (err)
+    rc = cli_is_payload_error(err) ? cli_report_bad_payload(label, a->ctx, err)
+                                   : (cli_error("%s: %s", label, kvt_strerror(err)), CLI_EFAIL);
+  else if (memcmp(&info.key, &a->key, sizeof(a->key)) != 0) {
+    char hex[KVT_KEY_HEX_LEN + 1];
+    cli_error("%s: holds a payload whose chunk key is %s", label, kvt_key_hex(&info.key, hex));
+    rc = CLI_EPAYLOAD;
+  } else if ((rc = cli_write_atomic(a->out, buf, (size_t)len)) == 0)
+    printf("%s: %" PRIu64 " bytes written to %s\n", a->key_hex, len, a->out);
+  free(buf);
+  return rc;
+}
+
+static int store_rm(store_args *a) {
+  const int err = kvt_tier_del(a->tier, &a->key);
+  if (err == KVT_ENOTFOUND)
+    return not_found(a);
+  if (err)
+    return tier_fail(a, a->key_hex, err);
+  printf("%s: removed from %s\n", a->key_hex, a->spec);
+  return CLI_OK;
+}
+
+typedef struct ls_entry {
+  kvt_key key;
+  uint64_t len;
+} ls_entry;
+
+typedef struct ls_list {
+  ls_entry *v;
+  size_t n, cap;
+} ls_list;
+
+static int ls_add(void *opaque, const kvt_key *key, uint64_t len) {
+  ls_list *l = opaque;
+  if (l->n == l->cap) {
+    const size_t cap = l->cap ? 2 * l->cap : 64;
+    ls_entry *v = realloc(l->v, cap * sizeof(*v));
+    if (!v)
+      return -ENOMEM;
+    l->v = v;
+    l->cap = cap;
+  }
+  l->v[l->n].key = *key;
+  l->v[l->n++].len = len;
+  return 0;
+}
+
+/* Byte order of keys is the order of their lower-case hex. */
+static int ls_cmp(const void *x, const void *y) {
+  return memcmp(&((const ls_entry *)x)->key, &((const ls_entry *)y)->key, sizeof(kvt_key));
+}
+
+static void ls_print(const store_args *a, const ls_list *l) {
+  char hex[KVT_KEY_HEX_LEN + 1];
+  uint64_t total = 0;
+  if (a->json) {
+    printf("{\"tier\": ");
+    cli_json_str(stdout, a->spec);
+    printf(", \"keys\": [");
+  }
+  for (size_t i = 0; i < l->n; i++) {
+    total += l->v[i].len;
+    kvt_key_hex(&l->v[i].key, hex);
+    if (a->json)
+      printf("%s\n  {\"key\": \"%s\", \"len\": %" PRIu64 "}", i ? "," : "", hex, l->v[i].len);
+    else
+      printf("%s %12" PRIu64 "\n", hex, l->v[i].len);
+  }
+  if (a->json)
+    printf("],\n \"count\": %zu, \"bytes\": %" PRIu64 "}\n", l->n, total);
+  else
+    printf("%zu keys, %" PRIu64 " bytes\n", l->n, total);
+}
+
+static int store_ls(store_args *a) {
+  ls_list l = {NULL, 0, 0};
+  const int err = kvt_tier_list(a->tier, ls_add, &l);
+  int rc = CLI_OK;
+  if (err == KVT_ENOTSUP) {
+    cli_error("%s: this tier cannot list its keys", a->spec);
+    rc = CLI_EFAIL;
+  } else if (err) {
+    rc = tier_fail(a, "list", err);
+  } else {
+    if (l.n)
+      qsort(l.v, l.n, sizeof(*l.v), ls_cmp);
+    ls_print(a, &l);
+  }
+  free(l.v);
+  return rc;
+}
+
+static int store_stats(store_args *a) {
+  kvt_tier_stats s;
+  memset(&s, 0, sizeof(s));
+  s.struct_size = sizeof(s);
+  const int err = kvt_tier_stats_get(a->tier, &s);
+  if (err)
+    return tier_fail(a, "stats", err);
+  static const char *const names[] = {"capacity", "used", "items",  "puts",      "gets",
+                                      "dels",     "queries", "hits", "misses",    "errors",
+                                      "bytes_in", "bytes_out", "in_flight"};
+  const uint64_t vals[] = {s.capacity, s.used,   s.items,    s.puts,     s.gets,
+                           s.dels,     s.queries, s.hits,    s.misses,   s.errors,
+                           s.bytes_in, s.bytes_out, s.in_flight};
+  if (a->json) {
+    printf("{\"tier\": ");
+    cli_json_str(stdout, a->spec);
+  } else {
+    printf("tier       %s\n", a->spec);
+  }
+  for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
+    if (a->json)
+      printf(", \"%s\": %" PRIu64, names[i], vals[i]);
+    else
+      printf("%-10s %" PRIu64 "\n", names[i], vals[i]);
+  }
+  if (a->json)
+    printf("}\n");
+  return CLI_OK;
+}
+
+typedef struct store_sub {
+  const char *name, *cmd; /* "put", "store put" */
+  int (*fn)(store_args *);
+  int opts;  /* OPT_* accepted */
+  int need;  /* OPT_* required */
+  int files; /* positional files expected */
+} store_sub;
+
+static const store_sub subs[] = {
+    {"put", "store put", store_put, OPT_KEY, 0, 1},
+    {"get", "store get", store_get, OPT_KEY | OPT_OUT, OPT_KEY | OPT_OUT, 0},
+    {"rm", "store rm", store_rm, OPT_KEY, OPT_KEY, 0},
+    {"ls", "store ls", store_ls, OPT_JSON, 0, 0},
+    {"stats", "store stats", store_stats, OPT_JSON, 0, 0},
+};
+
+/* Parses the subcommand's own arguments (argv[0] is its name). */
+static int parse_sub(const store_sub *sub, int argc, char **argv, store_args *a) {
+  const cli_opt all[] = {{"--key", NULL, CLI_STR, &a->key_hex, 0, 0},
+                         {"--output", "-o", CLI_STR, &a->out, 0, 0},
+                         {"--json", NULL, CLI_FLAG, &a->json, 0, 0}};
+  cli_opt opts[3];
+  size_t n_opts = 0;
+  for (size_t i = 0; i < 3; i++)
+    if (sub->opts & (1 << i))
+      opts[n_opts++] = all[i];
+  size_t n_pos;
+  int rc = cli_parse(sub->cmd, argc, argv, opts, n_opts, &a->file, 1, &n_pos);
+  if (rc)
+    return rc;
+  if (n_pos != (size_t)sub->files)
+    return cli_usage_error(sub->cmd, sub->files ? "name one payload file" : "takes no files");
+  if ((sub->need & OPT_KEY) && !a->key_hex)
+    return cli_usage_error(sub->cmd, "--key HEX is required");
+  if ((sub->need & OPT_OUT) && !a->out)
+    return cli_usage_error(sub->cmd, "-o OUT.kvt is required");
+  if (a->key_hex) {
+    if (kvt_key_from_hex(a->key_hex, &a->key) != 0)
+      return cli_usage_error(sub->cmd, "--key: expected 32 hex digits, got '%s'", a->key_hex);
+    a->have_key = 1;
+  }
+  return 0;
+}
+
+/* Index of the subcommand: the first argument that is neither an option nor
+ * the value of --tiers; argc when there is none. */
+static int find_sub(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--tiers") == 0)
+      i++;
+    else if (argv[i][0] != '-')
+      return i;
+  }
+  return argc;
+}
+
+static int open_tier(store_args *a) {
+  kvt_ctx_config cfg = KVT_CTX_CONFIG_INIT;
+  cfg.log = log_stderr;
+  cfg.log_level = KVT_LOG_WARN;
+  int err = kvt_ctx_create(&cfg, &a->ctx);
+  if (err) {
+    cli_error("cannot create a context: %s", kvt_strerror(err));
+    return CLI_EFAIL;
+  }
+  err = kvt_tier_open(a->ctx, a->spec, &a->tier);
+  if (err == 0)
+    return 0;
+  const char *detail = kvt_ctx_last_error(a->ctx);
+  if (!detail || !*detail)
+    detail = kvt_strerror(err);
+  if (err == -EINVAL || err == KVT_ESPEC || err == KVT_ENOTSUP)
+    return cli_usage_error("store", "--tiers '%s': %s", a->spec, detail);
+  cli_error("cannot open tier '%s': %s", a->spec, detail);
+  return err == -ENOMEM || err <= -4000 ? CLI_EFAIL : CLI_EIO;
+}
+
+int cli_store_main(int argc, char **argv) {
+  store_args a;
+  memset(&a, 0, sizeof(a));
+  const int k = find_sub(argc, argv);
+  const cli_opt top[] = {{"--tiers", NULL, CLI_STR, &a.spec, 0, 0}};
+  size_t n_pos;
+  int rc = cli_parse("store", k, argv, top, 1, NULL, 0, &n_pos);
+  if (rc == CLI_HELP)
+    return fputs(store_help, stdout), CLI_OK;
+  if (rc)
+    return rc;
+  if (k == argc)
+    return cli_usage_error("store", "name a subcommand: put, get, rm, ls or stats");
+  const store_sub *sub = NULL;
+  for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++)
+    if (strcmp(argv[k], subs[i].name) == 0)
+      sub = &subs[i];
+  if (!sub)
+    return cli_usage_error("store", "unknown subcommand '%s' (put, get, rm, ls, stats)", argv[k]);
+  rc = parse_sub(sub, argc - k, argv + k, &a);
+  if (rc == CLI_HELP)
+    return fputs(store_help, stdout), CLI_OK;
+  if (rc)
+    return rc;
+  if (!a.spec)
+    return cli_usage_error("store", "--tiers SPEC is required (e.g. nvme:DIR:100GiB)");
+  if ((rc = open_tier(&a)) == 0)
+    rc = sub->fn(&a);
+  kvt_tier_close(a.tier);
+  kvt_ctx_destroy(a.ctx);
+  return rc;
+}

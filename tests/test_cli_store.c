@@ -1,0 +1,274 @@
+/* tests/test_cli_store.c - `kvtier store` run as a program against an nvme
+ * tier in a temporary directory: the put/ls/stats/get/rm round trip across
+ * invocations, refusal of corrupt payloads and mismatched keys, a stored file
+ * corrupted on disk, and bad tier specs. Exits 77 (skipped) when the tool was
+ * not built. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kvtier.h"
+#include "synth.h"
+
+#define CLI_BIN KVT_BINARY_DIR "/programs/kvtier"
+
+/* The chunk every test stores: 2 layers x 64 tokens x 2 heads x 128. */
+enum { L = 2, T = 64, H = 2, D = 128, N = L * T * H * D };
+#define SHAPE "--dtype bf16 --layers 2 --tokens 64 --heads 2 --head-dim 128"
+
+static char dir[64];
+static kvt_ctx *ctx;
+static char payload_key[KVT_KEY_HEX_LEN + 1]; /* of p.kvt */
+
+typedef struct run_result {
+  int rc;         /* exit status, or -1 when it did not exit normally */
+  char out[8192]; /* stdout */
+  char err[8192]; /* stderr */
+} run_result;
+
+static run_result res;
+
+static void path_of(const char *name, char *path, size_t cap) {
+  snprintf(path, cap, "%s/%s", dir, name);
+}
+
+static void slurp(const char *name, char *buf, size_t cap) {
+  char path[256];
+  path_of(name, path, sizeof(path));
+  buf[0] = '\0';
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return;
+  const size_t n = fread(buf, 1, cap - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+}
+
+/* Runs `kvtier ARGS` in dir; fills res. */
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...) {
+  char args[1024], cmd[1400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof(args), fmt, ap);
+  va_end(ap);
+  snprintf(cmd, sizeof(cmd), "cd %s && %s %s >stdout.txt 2>stderr.txt", dir, CLI_BIN, args);
+  const int st = system(cmd);
+  res.rc = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  slurp("stdout.txt", res.out, sizeof(res.out));
+  slurp("stderr.txt", res.err, sizeof(res.err));
+  return res.rc;
+}
+
+/* `kvtier store --tiers nvme:DIR/TIER:64MiB ARGS`. */
+static int store(const char *tier, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int store(const char *tier, const char *fmt, ...) {
+  char args[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof(args), fmt, ap);
+  va_end(ap);
+  return run("store --tiers nvme:%s/%s:64MiB %s", dir, tier, args);
+}
+
+static void *read_file(const char *name, size_t *len) {
+  char path[256];
+  path_of(name, path, sizeof(path));
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  fseek(f, 0, SEEK_END);
+  const long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  void *buf = malloc(n > 0 ? (size_t)n : 1);
+  assert_non_null(buf);
+  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  *len = (size_t)n;
+  return buf;
+}
+
+static void write_file(const char *name, const void *buf, size_t len) {
+  char path[256];
+  path_of(name, path, sizeof(path));
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(buf, 1, len, f), len);
+  assert_int_equal(fclose(f), 0);
+}
+
+static int exists(const char *name) {
+  char path[256];
+  path_of(name, path, sizeof(path));
+  return access(path, F_OK) == 0;
+}
+
+/* Flips every bit of the byte at off in file name. */
+static void flip_byte(const char *name, long off) {
+  char path[256];
+  path_of(name, path, sizeof(path));
+  FILE *f = fopen(path, "r+b");
+  assert_non_null(f);
+  assert_int_equal(fseek(f, off, SEEK_SET), 0);
+  const int c = fgetc(f);
+  assert_true(c != EOF);
+  assert_int_equal(fseek(f, off, SEEK_SET), 0);
+  assert_int_equal(fputc(c ^ 0xff, f), c ^ 0xff);
+  assert_int_equal(fclose(f), 0);
+}
+
+static int group_setup(void **state) {
+  (void)state;
+  snprintf(dir, sizeof(dir), "/tmp/kvt_test_cli_store_XXXXXX");
+  if (!mkdtemp(dir) || kvt_ctx_create(NULL, &ctx) != 0)
+    return -1;
+  uint16_t *k = malloc(2 * N), *v = malloc(2 * N);
+  if (!k || !v)
+    return -1;
+  kvt_synth_shape s = {L, T, H, D, KVT_DTYPE_BF16, 0, 0};
+  kvt_synth_kv(&s, 11, k, v);
+  write_file("K.bin", k, 2 * N);
+  write_file("V.bin", v, 2 * N);
+  free(k);
+  free(v);
+  if (run("encode --codec k16v8 " SHAPE " --k K.bin --v V.bin -o p.kvt") != 0)
+    return -1;
+  size_t len;
+  void *buf = read_file("p.kvt", &len);
+  kvt_payload_info info;
+  const int err = buf ? kvt_payload_parse(ctx, buf, len, &info) : -1;
+  free(buf);
+  if (err)
+    return -1;
+  kvt_key_hex(&info.key, payload_key);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  char cmd[128];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  kvt_ctx_destroy(ctx);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+static void test_cli_store_round_trip_across_invocations(void **state) {
+  (void)state;
+  assert_int_equal(store("t1", "put p.kvt"), 0);
+  assert_non_null(strstr(res.out, payload_key));
+
+  assert_int_equal(store("t1", "ls"), 0);
+  assert_non_null(strstr(res.out, payload_key));
+  assert_non_null(strstr(res.out, "1 keys"));
+  assert_int_equal(store("t1", "ls --json"), 0);
+  assert_non_null(strstr(res.out, "\"count\": 1"));
+
+  assert_int_equal(store("t1", "stats"), 0);
+  assert_non_null(strstr(res.out, "items      1\n"));
+  assert_int_equal(store("t1", "stats --json"), 0);
+  assert_non_null(strstr(res.out, "\"items\": 1,"));
+
+  assert_int_equal(store("t1", "get --key %s -o back.kvt", payload_key), 0);
+  size_t a_len, b_len;
+  void *a = read_file("p.kvt", &a_len), *b = read_file("back.kvt", &b_len);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_int_equal(a_len, b_len);
+  assert_memory_equal(a, b, a_len);
+  free(a);
+  free(b);
+
+  assert_int_equal(store("t1", "rm --key %s", payload_key), 0);
+  assert_int_equal(store("t1", "get --key %s -o gone.kvt", payload_key), 1);
+  assert_non_null(strstr(res.err, "not found"));
+  assert_false(exists("gone.kvt"));
+  assert_int_equal(store("t1", "rm --key %s", payload_key), 1);
+  assert_non_null(strstr(res.err, "not found"));
+  assert_int_equal(store("t1", "ls"), 0);
+  assert_non_null(strstr(res.out, "0 keys"));
+}
+
+static void test_cli_store_put_rejects_corrupt_payload_and_stores_nothing(void **state) {
+  (void)state;
+  size_t len;
+  void *buf = read_file("p.kvt", &len);
+  assert_non_null(buf);
+  ((uint8_t *)buf)[len - 100] ^= 0x01; /* inside the last section's body */
+  write_file("bad.kvt", buf, len);
+  free(buf);
+  assert_int_equal(store("t2", "put bad.kvt"), 1);
+  assert_non_null(strstr(res.err, "bad.kvt: KVT_E"));
+  assert_int_equal(store("t2", "ls"), 0);
+  assert_non_null(strstr(res.out, "0 keys"));
+}
+
+static void test_cli_store_put_rejects_key_mismatch_naming_both_keys(void **state) {
+  (void)state;
+  const char *other = "00112233445566778899aabbccddeeff";
+  assert_int_equal(store("t3", "put --key %s p.kvt", other), 1);
+  assert_non_null(strstr(res.err, other));
+  assert_non_null(strstr(res.err, payload_key));
+  assert_int_equal(store("t3", "ls"), 0);
+  assert_non_null(strstr(res.out, "0 keys"));
+  assert_int_equal(store("t3", "put --key %s p.kvt", payload_key), 0);
+}
+
+static void test_cli_store_get_of_file_corrupted_on_disk_exits_1_writes_nothing(void **state) {
+  (void)state;
+  assert_int_equal(store("t4", "put p.kvt"), 0);
+  char name[128];
+  snprintf(name, sizeof(name), "t4/%.2s/%s", payload_key, payload_key);
+  assert_true(exists(name));
+  flip_byte(name, 4096 + 200); /* past the tier's 4096-byte file header */
+  assert_int_equal(store("t4", "get --key %s -o out.kvt", payload_key), 1);
+  assert_non_null(strstr(res.err, payload_key));
+  assert_false(exists("out.kvt"));
+  assert_false(exists("out.kvt.tmp"));
+}
+
+static void test_cli_store_bad_tiers_spec_is_a_usage_error(void **state) {
+  (void)state;
+  assert_int_equal(run("store --tiers nvme:%s/t5 ls", dir), 2);
+  assert_non_null(strstr(res.err, "DIR:SIZE"));
+  assert_int_equal(run("store --tiers bogus:1GiB ls"), 2);
+  assert_non_null(strstr(res.err, "bogus"));
+  assert_int_equal(run("store ls"), 2);
+  assert_non_null(strstr(res.err, "--tiers"));
+  assert_int_equal(store("t5", "frob"), 2);
+  assert_int_equal(store("t5", "get --key nothex -o x.kvt"), 2);
+  assert_int_equal(store("t5", "get --key %s", payload_key), 2);
+}
+
+static void test_cli_store_help_documents_subcommands_and_exit_codes(void **state) {
+  (void)state;
+  assert_int_equal(run("store --help"), 0);
+  const char *want[] = {"put", "get", "rm", "ls", "stats", "nvme:", "dram:", "Exit status"};
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+    assert_non_null(strstr(res.out, want[i]));
+  assert_int_equal(run("--help"), 0);
+  assert_non_null(strstr(res.out, "store"));
+}
+
+int main(void) {
+  if (access(CLI_BIN, X_OK) != 0) {
+    fprintf(stderr, "test_cli_store: %s not built; skipped\n", CLI_BIN);
+    return 77;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cli_store_round_trip_across_invocations),
+      cmocka_unit_test(test_cli_store_put_rejects_corrupt_payload_and_stores_nothing),
+      cmocka_unit_test(test_cli_store_put_rejects_key_mismatch_naming_both_keys),
+      cmocka_unit_test(test_cli_store_get_of_file_corrupted_on_disk_exits_1_writes_nothing),
+      cmocka_unit_test(test_cli_store_bad_tiers_spec_is_a_usage_error),
+      cmocka_unit_test(test_cli_store_help_documents_subcommands_and_exit_codes),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

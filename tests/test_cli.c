@@ -17,85 +17,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli_harness.h"
 #include "kvtier.h"
 #include "synth.h"
 
-#define CLI_BIN KVT_BINARY_DIR "/programs/kvtier"
 
 /* The small chunk every test encodes: 2 layers x 64 tokens x 2 heads x 128. */
 enum { L = 2, T = 64, H = 2, D = 128, N = L * T * H * D };
 #define SHAPE "--dtype bf16 --layers 2 --tokens 64 --heads 2 --head-dim 128"
 
-static char dir[64];
 static kvt_ctx *ctx;
 
-typedef struct run_result {
-  int rc;          /* exit status, or -1 when it did not exit normally */
-  char out[65536]; /* stdout */
-  char err[8192];  /* stderr */
-} run_result;
-
-static run_result res; /* one at a time; too large for the stack */
-
-static void slurp(const char *name, char *buf, size_t cap) {
-  char path[128];
-  snprintf(path, sizeof(path), "%s/%s", dir, name);
-  buf[0] = '\0';
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return;
-  size_t n = fread(buf, 1, cap - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-}
-
-/* Runs `kvtier ARGS` in dir; fills res. */
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...) {
-  char args[1024], cmd[1400];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(args, sizeof(args), fmt, ap);
-  va_end(ap);
-  snprintf(cmd, sizeof(cmd), "cd %s && %s %s >stdout.txt 2>stderr.txt", dir, CLI_BIN, args);
-  int st = system(cmd);
-  res.rc = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  slurp("stdout.txt", res.out, sizeof(res.out));
-  slurp("stderr.txt", res.err, sizeof(res.err));
-  return res.rc;
-}
-
-static void *read_file(const char *name, size_t *len) {
-  char path[128];
-  snprintf(path, sizeof(path), "%s/%s", dir, name);
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  void *buf = malloc(n > 0 ? (size_t)n : 1);
-  assert_non_null(buf);
-  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  *len = (size_t)n;
-  return buf;
-}
-
-static void write_file(const char *name, const void *buf, size_t len) {
-  char path[128];
-  snprintf(path, sizeof(path), "%s/%s", dir, name);
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(buf, 1, len, f), len);
-  assert_int_equal(fclose(f), 0);
-}
-
-static int exists(const char *name) {
-  char path[128];
-  snprintf(path, sizeof(path), "%s/%s", dir, name);
-  return access(path, F_OK) == 0;
-}
 
 static int count_lines(const char *s) {
   int n = 0;

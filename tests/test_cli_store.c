@@ -15,58 +15,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli_harness.h"
 #include "kvtier.h"
 #include "synth.h"
 
-#define CLI_BIN KVT_BINARY_DIR "/programs/kvtier"
 
 /* The chunk every test stores: 2 layers x 64 tokens x 2 heads x 128. */
 enum { L = 2, T = 64, H = 2, D = 128, N = L * T * H * D };
 #define SHAPE "--dtype bf16 --layers 2 --tokens 64 --heads 2 --head-dim 128"
 
-static char dir[64];
 static kvt_ctx *ctx;
 static char payload_key[KVT_KEY_HEX_LEN + 1]; /* of p.kvt */
 
-typedef struct run_result {
-  int rc;         /* exit status, or -1 when it did not exit normally */
-  char out[8192]; /* stdout */
-  char err[8192]; /* stderr */
-} run_result;
-
-static run_result res;
-
-static void path_of(const char *name, char *path, size_t cap) {
-  snprintf(path, cap, "%s/%s", dir, name);
-}
-
-static void slurp(const char *name, char *buf, size_t cap) {
-  char path[256];
-  path_of(name, path, sizeof(path));
-  buf[0] = '\0';
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return;
-  const size_t n = fread(buf, 1, cap - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-}
-
-/* Runs `kvtier ARGS` in dir; fills res. */
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...) {
-  char args[1024], cmd[1400];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(args, sizeof(args), fmt, ap);
-  va_end(ap);
-  snprintf(cmd, sizeof(cmd), "cd %s && %s %s >stdout.txt 2>stderr.txt", dir, CLI_BIN, args);
-  const int st = system(cmd);
-  res.rc = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  slurp("stdout.txt", res.out, sizeof(res.out));
-  slurp("stderr.txt", res.err, sizeof(res.err));
-  return res.rc;
-}
 
 /* `kvtier store --tiers nvme:DIR/TIER:64MiB ARGS`. */
 static int store(const char *tier, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -77,38 +37,6 @@ static int store(const char *tier, const char *fmt, ...) {
   vsnprintf(args, sizeof(args), fmt, ap);
   va_end(ap);
   return run("store --tiers nvme:%s/%s:64MiB %s", dir, tier, args);
-}
-
-static void *read_file(const char *name, size_t *len) {
-  char path[256];
-  path_of(name, path, sizeof(path));
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
-  fseek(f, 0, SEEK_END);
-  const long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  void *buf = malloc(n > 0 ? (size_t)n : 1);
-  assert_non_null(buf);
-  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  *len = (size_t)n;
-  return buf;
-}
-
-static void write_file(const char *name, const void *buf, size_t len) {
-  char path[256];
-  path_of(name, path, sizeof(path));
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(buf, 1, len, f), len);
-  assert_int_equal(fclose(f), 0);
-}
-
-static int exists(const char *name) {
-  char path[256];
-  path_of(name, path, sizeof(path));
-  return access(path, F_OK) == 0;
 }
 
 /* Flips every bit of the byte at off in file name. */

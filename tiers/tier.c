@@ -359,6 +359,19 @@ void kvt_tier_forward(kvt_tier *inner, kvt_tier_op *op, const void *put_buf, uin
   op->out_len = len;
 }
 
+int kvt_tier_inner_stats(kvt_tier *inner, kvt_tier_stats *out) {
+  kvt_tier_stats in;
+  memset(&in, 0, sizeof(in));
+  in.struct_size = sizeof(in);
+  int rc = kvt_tier_stats_get(inner, &in);
+  if (rc)
+    return rc;
+  out->capacity = in.capacity;
+  out->used = in.used;
+  out->items = in.items;
+  return 0;
+}
+
 int kvt_tier_stats_get(kvt_tier *t, kvt_tier_stats *out) {
   if (!t || !out)
     return -EINVAL;

@@ -333,17 +333,7 @@ static int fault_submit(void *state, kvt_tier_op *op) {
 }
 
 static int fault_stats(void *state, kvt_tier_stats *out) {
-  const fault_state *st = state;
-  kvt_tier_stats in;
-  memset(&in, 0, sizeof(in));
-  in.struct_size = sizeof(in);
-  int rc = kvt_tier_stats_get(st->inner, &in);
-  if (rc)
-    return rc;
-  out->capacity = in.capacity;
-  out->used = in.used;
-  out->items = in.items;
-  return 0;
+  return kvt_tier_inner_stats(((const fault_state *)state)->inner, out);
 }
 
 static int fault_list(void *state, kvt_tier_list_fn fn, void *opaque) {

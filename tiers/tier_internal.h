@@ -20,4 +20,7 @@ kvt_ctx *kvt_tier_ctx(kvt_tier *tier);
  * synchronously, inside their submit. */
 void kvt_tier_forward(kvt_tier *inner, kvt_tier_op *op, const void *put_buf, uint64_t put_len);
 
+/* A decorator's stats member: the inner tier's capacity, used and items. */
+int kvt_tier_inner_stats(kvt_tier *inner, kvt_tier_stats *out);
+
 #endif

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "tier_test_util.h"
 
 typedef struct tier_row {
   const char *spec;
@@ -48,22 +49,6 @@ typedef struct fixture {
   atomic_long live; /* allocations outstanding through ctx */
   long live_base;   /* ... once ctx existed */
 } fixture;
-
-static void *fx_alloc(void *opaque, size_t size, size_t align) {
-  fixture *f = opaque;
-  void *p = NULL;
-  if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size ? size : 1))
-    return NULL;
-  atomic_fetch_add(&f->live, 1);
-  return p;
-}
-
-static void fx_free(void *opaque, void *p) {
-  fixture *f = opaque;
-  if (p)
-    atomic_fetch_sub(&f->live, 1);
-  free(p);
-}
 
 /* Listening makes the trace row format its lines, from all threads. */
 static void fx_log(void *opaque, int level, const char *msg) {
@@ -99,9 +84,9 @@ static fixture *fixture_new(const char *tmpl) {
     return NULL;
   }
   kvt_ctx_config cfg = KVT_CTX_CONFIG_INIT;
-  cfg.allocator.alloc = fx_alloc;
-  cfg.allocator.free = fx_free;
-  cfg.allocator.opaque = f;
+  cfg.allocator.alloc = counting_alloc;
+  cfg.allocator.free = counting_free;
+  cfg.allocator.opaque = &f->live;
   cfg.log = fx_log;
   cfg.log_opaque = f;
   cfg.log_level = KVT_LOG_DEBUG; /* the trace row's lines get formatted */
@@ -156,16 +141,6 @@ static kvt_key key_of(uint32_t space, uint32_t id) {
   memcpy(k.bytes, &space, sizeof(space));
   memcpy(k.bytes + 8, &id, sizeof(id));
   return k;
-}
-
-static void fill(uint8_t *p, size_t n, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
-  for (size_t i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    p[i] = (uint8_t)(x >> 29);
-  }
 }
 
 static uint8_t *filled(size_t n, uint64_t seed) {

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "tier_test_util.h"
 
 #define LOG_LINES 16
 
@@ -29,22 +30,6 @@ typedef struct fixture {
   int n_lines;
   char lines[LOG_LINES][256];
 } fixture;
-
-static void *fx_alloc(void *opaque, size_t size, size_t align) {
-  fixture *f = opaque;
-  void *p = NULL;
-  if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size ? size : 1))
-    return NULL;
-  atomic_fetch_add(&f->live, 1);
-  return p;
-}
-
-static void fx_free(void *opaque, void *p) {
-  fixture *f = opaque;
-  if (p)
-    atomic_fetch_sub(&f->live, 1);
-  free(p);
-}
 
 /* Keeps the INFO lines (the trace tier's); DEBUG ones are error details. */
 static void fx_log(void *opaque, int level, const char *msg) {
@@ -63,9 +48,9 @@ static int fx_setup_at(void **state, int log_level) {
     return -1;
   pthread_mutex_init(&f->mu, NULL);
   kvt_ctx_config cfg = KVT_CTX_CONFIG_INIT;
-  cfg.allocator.alloc = fx_alloc;
-  cfg.allocator.free = fx_free;
-  cfg.allocator.opaque = f;
+  cfg.allocator.alloc = counting_alloc;
+  cfg.allocator.free = counting_free;
+  cfg.allocator.opaque = &f->live;
   cfg.log = fx_log;
   cfg.log_opaque = f;
   cfg.log_level = log_level;
@@ -104,11 +89,6 @@ static kvt_key key_of(uint32_t id) {
   memset(&k, 0xA7, sizeof(k));
   memcpy(k.bytes + 4, &id, sizeof(id));
   return k;
-}
-
-static void fill(uint8_t *p, size_t n, uint32_t seed) {
-  for (size_t i = 0; i < n; i++)
-    p[i] = (uint8_t)((i * 131u + seed * 7u) ^ (i >> 8));
 }
 
 static size_t bytes_differing(const uint8_t *a, const uint8_t *b, size_t n) {

@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "tier_test_util.h"
 
 typedef struct fx {
   const char *engine; /* "" or ",engine=pread" */
@@ -89,16 +90,6 @@ static kvt_key key_of(uint32_t id) {
   memset(&k, 0xA7, sizeof(k));
   memcpy(k.bytes, &id, sizeof(id));
   return k;
-}
-
-static void fill(uint8_t *p, size_t n, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
-  for (size_t i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    p[i] = (uint8_t)(x >> 29);
-  }
 }
 
 static size_t size_of(uint32_t i) { return i == 0 ? 0 : (size_t)(i * 7919u) % 70000u + 1; }

@@ -4,7 +4,8 @@
  *   kvtier/codec.h    K/V formats, codec specs, strided KV views
  *   kvtier/key.h      model fingerprints and chained chunk keys
  *   kvtier/payload.h  encode, validate and decode payloads
- *   kvtier/tier.h     storage tiers: DRAM (more to come), completion-based
+ *   kvtier/tier.h     storage tiers (DRAM, NVMe), completion-based
+ *   kvtier/cache.h    the cache: placement across tiers, eviction, prefix lookup
  *
  * Compiles as C (C99 or later) and C++; includes no CUDA header. */
 #ifndef KVTIER_H
@@ -15,5 +16,6 @@
 #include "kvtier/key.h"
 #include "kvtier/payload.h"
 #include "kvtier/tier.h"
+#include "kvtier/cache.h"
 
 #endif

@@ -369,6 +369,8 @@ int kvt_tier_inner_stats(kvt_tier *inner, kvt_tier_stats *out) {
   out->capacity = in.capacity;
   out->used = in.used;
   out->items = in.items;
+  out->item_overhead = in.item_overhead;
+  out->granule = in.granule;
   return 0;
 }
 
@@ -392,6 +394,8 @@ int kvt_tier_stats_get(kvt_tier *t, kvt_tier_stats *out) {
   s.capacity = b.capacity;
   s.used = b.used;
   s.items = b.items;
+  s.item_overhead = b.item_overhead;
+  s.granule = b.granule;
   s.struct_size = want;
   memcpy(out, &s, want);
   return 0;

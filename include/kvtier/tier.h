@@ -82,6 +82,10 @@ typedef struct kvt_tier_stats {
   uint64_t errors;                    /* operations that failed otherwise */
   uint64_t bytes_in, bytes_out;       /* payload bytes stored by PUT, returned by GET */
   uint64_t in_flight;                 /* submitted, not yet completed */
+  /* What one value of len bytes costs in `used`: item_overhead +
+   * len rounded up to a multiple of granule (0, 0 when the backend does not
+   * say: len itself). The cache plans its evictions with this. */
+  uint64_t item_overhead, granule;
 } kvt_tier_stats;
 
 /* Opens a tier from a spec string (above). *out is written only on success.

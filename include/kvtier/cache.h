@@ -1,0 +1,169 @@
+/* kvtier/cache.h - the cache: payloads under chunk keys across an ordered
+ * list of tiers (hottest first), with placement, demotion, promotion,
+ * prefix-aware LRU eviction and prefix lookup.
+ *
+ * Placement. A put goes to the first tier whose capacity can hold the
+ * payload. When that tier is full, its coldest payloads move down one tier
+ * (demotion), and the bottom tier drops its coldest (eviction). A get that
+ * hits a lower tier copies the payload up to the top tier (promotion) unless
+ * KVT_CACHE_NO_PROMOTE is set. With KVT_CACHE_WRITE_THROUGH a put also goes
+ * to every persistent tier (nvme; later redis, fabric) below the one that took
+ * it, so a restart finds it and a later demotion costs no write.
+ *
+ * Eviction order. Least recently used first, and prefix-aware: a chunk is
+ * useless without the chunks before it, so within a tier a payload with a
+ * child in the same or a hotter tier is passed over, and a payload is never
+ * placed at the cost of evicting its own prefix (it goes a tier lower, or is
+ * not stored). A payload put with a prev the cache does not hold cannot be
+ * reached by a lookup until its prefix comes back, so it only takes free
+ * room and ranks coldest. A chain touched head first (lookup, then gets in order) keeps
+ * its head hottest: a child is ranked right behind its parent when the parent
+ * was touched since the child last was. Parents come from the prev argument
+ * of kvt_cache_put() and from kvt_cache_lookup(), which relinks payloads
+ * found after a restart.
+ *
+ * Integrity. A put parses the payload's header (magic, version, header
+ * checksum, every field) and refuses a payload whose key is not the key it is
+ * put under, or whose model fingerprint is not the cache's (KVT_EFOREIGN). A
+ * get parses the header again and checks key and fingerprint before it
+ * reports success; a payload that fails is deleted, counted as refused and
+ * reported (KVT_EFOREIGN or the parse error), and is a miss from then on. The
+ * section checksums are checked on every get with KVT_CACHE_VERIFY; without
+ * it they are checked by tiers whose bytes leave the process (the nvme tier
+ * checks an XXH3 of the whole payload on every read) and by the consumer
+ * (kvt_decode, the GPU load). kvt_payload_verify() checks them on demand.
+ *
+ * Thread-safety. Every call except kvt_cache_close() may be made from many
+ * threads at once. Metadata sits behind one mutex held for hash lookups and
+ * list updates only; payload bytes move outside it. Data-path calls return
+ * codes alone (no detail in kvt_ctx_last_error(), which is not thread-safe)
+ * and log the detail at KVT_LOG_WARN through the context's log callback;
+ * kvt_cache_open() leaves detail in the context.
+ *
+ * Data movement is synchronous in the calling thread: a put that needs
+ * demotions, or a get that promotes, does that I/O before it returns. */
+#ifndef KVTIER_CACHE_H
+#define KVTIER_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/core.h"
+#include "kvtier/key.h"
+#include "kvtier/tier.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_cache kvt_cache;
+
+#define KVT_CACHE_MAX_TIERS 4
+
+enum kvt_cache_flags {
+  KVT_CACHE_WRITE_THROUGH = 1u << 0, /* puts also go to the persistent tiers below */
+  KVT_CACHE_NO_PROMOTE = 1u << 1,    /* hits in lower tiers stay where they are */
+  KVT_CACHE_VERIFY = 1u << 2         /* gets check every section checksum */
+};
+
+typedef struct kvt_cache_config {
+  size_t struct_size;           /* sizeof(kvt_cache_config) */
+  /* Tier specs, hottest first, separated by ';' (1 to KVT_CACHE_MAX_TIERS),
+   * e.g. "dram:8GiB;nvme:/var/cache/kvtier:1TiB". See kvtier/tier.h. */
+  const char *tiers;
+  /* The model fingerprint (kvt_fingerprint) of every payload this cache
+   * holds; copied at open. NULL accepts payloads of any model (operator
+   * tools); kvt_cache_lookup() then needs one and returns -EINVAL. */
+  const kvt_key *fingerprint;
+  uint32_t chunk_tokens;        /* tokens per chunk for kvt_cache_lookup(); 0: 256 */
+  uint32_t flags;               /* enum kvt_cache_flags */
+} kvt_cache_config;
+
+#define KVT_CACHE_CONFIG_INIT { sizeof(kvt_cache_config), NULL, NULL, 256, 0 }
+
+/* Opens every tier and builds the index from what the persistent tiers hold
+ * (their payloads are found again, without parent links until a lookup
+ * walks them). *out is written only on success. Returns 0, -EINVAL (detail in
+ * ctx) for a bad config or more than KVT_CACHE_MAX_TIERS tiers, -ENOMEM, or
+ * the error of the tier that failed to open. The context must outlive the
+ * cache. */
+KVT_API int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out);
+
+/* Closes the tiers and frees the cache. No call may be in flight. Accepts
+ * NULL. */
+KVT_API void kvt_cache_close(kvt_cache *cache);
+
+/* Stores payload[0..len) under key. prev is the key of the chunk before it
+ * in its sequence (NULL for a first chunk or when unknown); it ranks the
+ * payload behind its parent for eviction. The payload is copied before this
+ * returns. Returns 0 when stored, or when the key was already held (keys name
+ * content, so it is not written again; it is touched); KVT_EFOREIGN when the
+ * header's key or fingerprint differ; the header's parse error (KVT_EFORMAT,
+ * KVT_ECHECKSUM, ...); -ENOSPC when no tier can take it (larger than every
+ * tier, or room only at the cost of its own prefix); or a tier's error. */
+KVT_API int kvt_cache_put(kvt_cache *cache, const kvt_key *key, const kvt_key *prev,
+                          const void *payload, uint64_t len);
+
+/* Copies the payload under key into buf (capacity cap) and writes its length
+ * to *len (also on KVT_ENOBUFS; len may be NULL) and the index of the tier
+ * that served it to *tier (may be NULL). Returns 0, KVT_ENOTFOUND,
+ * KVT_ENOBUFS, KVT_EFOREIGN or a parse error for a payload that failed the
+ * checks above (it is deleted), or a tier's error. */
+KVT_API int kvt_cache_get(kvt_cache *cache, const kvt_key *key, void *buf, uint64_t cap,
+                          uint64_t *len, int *tier);
+
+/* How many leading tokens of tokens[0..n) are cached: walks the chained
+ * chunk keys of the cache's fingerprint and counts full chunks held until the
+ * first one that is not, and writes tokens (a multiple of chunk_tokens) to
+ * *cached_tokens. Touches the hits, head first, and pins nothing: nothing is
+ * reserved for a get that may never come. Returns 0 or -EINVAL (no
+ * fingerprint configured). */
+KVT_API int kvt_cache_lookup(kvt_cache *cache, const uint32_t *tokens, size_t n,
+                             size_t *cached_tokens);
+
+/* The same walk over keys the caller computed (kvt_chunk_keys): the number of
+ * leading keys held, in *hits. */
+KVT_API int kvt_cache_lookup_keys(kvt_cache *cache, const kvt_key *keys, size_t n,
+                                  size_t *hits);
+
+/* Length of the payload under key and the hottest tier holding it (either
+ * pointer may be NULL); no touch. Returns 0 or KVT_ENOTFOUND. */
+KVT_API int kvt_cache_query(kvt_cache *cache, const kvt_key *key, uint64_t *len, int *tier);
+
+/* Bit i set for each tier i holding a copy (0 if absent). */
+KVT_API uint32_t kvt_cache_where(kvt_cache *cache, const kvt_key *key);
+
+/* Removes key from every tier. Returns 0 or KVT_ENOTFOUND. */
+KVT_API int kvt_cache_del(kvt_cache *cache, const kvt_key *key);
+
+/* The number of tiers, and tier i itself (for its spec, its own stats and
+ * listing; do not put into or delete from it behind the cache's back). */
+KVT_API int kvt_cache_tier_count(const kvt_cache *cache);
+KVT_API kvt_tier *kvt_cache_tier(kvt_cache *cache, int i);
+
+typedef struct kvt_cache_stats {
+  size_t struct_size;   /* sizeof(kvt_cache_stats): fields are only appended */
+  /* Per tier (whole cache: capacity and used are sums, items counts
+   * distinct keys). */
+  uint64_t capacity, used, items; /* payload bytes the tier may hold / holds */
+  uint64_t hits;        /* gets served by this tier */
+  uint64_t misses;      /* gets that reached this tier without a hit there */
+  uint64_t puts;        /* payloads written here: puts, demotions in, promotions in */
+  uint64_t bytes_in, bytes_out; /* payload bytes written here / served from here */
+  uint64_t demotions;   /* payloads moved from here to a lower tier */
+  uint64_t promotions;  /* payloads copied here from a lower tier on a hit */
+  uint64_t evictions;   /* payloads dropped from here with no copy kept below */
+  uint64_t errors;      /* tier operations that failed (not misses) */
+  /* Whole cache only (0 per tier). */
+  uint64_t gets, refused, duplicates, lookups, lookup_hit_tokens;
+  uint64_t pinned;      /* payloads being read or moved right now */
+} kvt_cache_stats;
+
+/* Fills *out for tier i, or for the whole cache with i = -1 (set
+ * out->struct_size first, or 0 for the full struct). Returns 0 or -EINVAL. */
+KVT_API int kvt_cache_stats_get(kvt_cache *cache, int i, kvt_cache_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,334 @@
+/* tiers/cache.c - the cache manager's machinery: the key index, the prefix
+ * tree, per-tier LRU lists, the choice of victims, and moving payloads down
+ * (demotion, eviction) and into a tier. The public calls are in
+ * tiers/cache_ops.c; cache_internal.h says what the lock guards. */
+#include <errno.h>
+
+#include "cache_internal.h"
+
+#define SCAN_MAX 1024     /* LRU candidates looked at for one victim */
+#define ANCESTOR_MAX 65536 /* chunks walked up a prefix chain (16M tokens of 256) */
+#define VICTIMS_MAX 16    /* victims taken per round under the lock */
+#define PLACE_RETRIES 8   /* a tier said -ENOSPC although the accounting had room */
+
+/* ---- index ---------------------------------------------------------------- */
+
+static size_t bucket_of(const kvt_cache *c, const kvt_key *key) {
+  /* Keys are XXH3-128 output: any 8 bytes are uniform. */
+  return (size_t)kvt_ld64(key->bytes + 8) & (c->nbuckets - 1);
+}
+
+centry *cache_find(kvt_cache *c, const kvt_key *key) {
+  for (centry *e = c->buckets[bucket_of(c, key)]; e; e = e->hnext)
+    if (!memcmp(e->key.bytes, key->bytes, sizeof(key->bytes)))
+      return e;
+  return NULL;
+}
+
+static int grow(kvt_cache *c) {
+  size_t nb = c->nbuckets * 2;
+  centry **b = kvt_alloc(c->ctx, nb * sizeof(*b), _Alignof(centry *));
+  if (!b)
+    return -ENOMEM;
+  memset(b, 0, nb * sizeof(*b));
+  centry **old = c->buckets;
+  size_t on = c->nbuckets;
+  c->buckets = b;
+  c->nbuckets = nb;
+  for (size_t i = 0; i < on; i++) {
+    for (centry *e = old[i], *next; e; e = next) {
+      next = e->hnext;
+      size_t h = bucket_of(c, &e->key);
+      e->hnext = b[h];
+      b[h] = e;
+    }
+  }
+  kvt_dealloc(c->ctx, old);
+  return 0;
+}
+
+int cache_index_add(kvt_cache *c, centry *e) {
+  if (c->count >= c->nbuckets && grow(c) && c->count >= 4 * c->nbuckets)
+    return -ENOMEM; /* a failed grow only lengthens chains, until 4 per bucket */
+  size_t h = bucket_of(c, &e->key);
+  e->hnext = c->buckets[h];
+  c->buckets[h] = e;
+  c->count++;
+  return 0;
+}
+
+void cache_link_parent(centry *e, centry *p) {
+  e->parent = p;
+  e->sib_prev = NULL;
+  e->sib_next = p->kids;
+  if (p->kids)
+    p->kids->sib_prev = e;
+  p->kids = e;
+}
+
+static void unlink_family(centry *e) {
+  if (e->parent) {
+    if (e->sib_prev)
+      e->sib_prev->sib_next = e->sib_next;
+    else
+      e->parent->kids = e->sib_next;
+    if (e->sib_next)
+      e->sib_next->sib_prev = e->sib_prev;
+    e->parent = NULL;
+  }
+  for (centry *k = e->kids, *next; k; k = next) {
+    next = k->sib_next;
+    k->parent = k->sib_prev = k->sib_next = NULL;
+  }
+  e->kids = NULL;
+}
+
+void cache_entry_free(kvt_cache *c, centry *e) {
+  centry **pp = &c->buckets[bucket_of(c, &e->key)];
+  while (*pp != e)
+    pp = &(*pp)->hnext;
+  *pp = e->hnext;
+  c->count--;
+  unlink_family(e);
+  kvt_dealloc(c->ctx, e);
+  pthread_cond_broadcast(&c->cv);
+}
+
+void cache_maybe_free(kvt_cache *c, centry *e) {
+  if (e->state == E_LIVE && !e->mask && !e->busy && !e->moving)
+    cache_entry_free(c, e);
+}
+
+void cache_unpin(kvt_cache *c, centry *e) {
+  e->busy--;
+  if (e->state == E_DOOMED)
+    pthread_cond_broadcast(&c->cv);
+  cache_maybe_free(c, e);
+}
+
+/* ---- LRU -----------------------------------------------------------------
+ * Each tier's list runs hottest to coldest. A payload touched goes to the hot
+ * end, unless its parent is in the same tier and was touched after it last
+ * was: then right behind the parent. A chain walked head first therefore
+ * lies head-hottest, tail-coldest, whichever order its chunks were put. */
+
+static centry *entry_of(cnode *n, int t) {
+  return (centry *)((char *)n - offsetof(centry, lru) - (size_t)t * sizeof(cnode));
+}
+
+static void node_unlink(cnode *n) {
+  n->prev->next = n->next;
+  n->next->prev = n->prev;
+  n->prev = n->next = NULL;
+}
+
+static void node_insert_after(cnode *at, cnode *n) {
+  n->prev = at;
+  n->next = at->next;
+  at->next->prev = n;
+  at->next = n;
+}
+
+static void place_in_lru(kvt_cache *c, centry *e, int t, uint64_t old_stamp) {
+  const centry *p = e->parent;
+  cnode *at = &c->t[t].lru;
+  if (p && HAS(p, t) && p->stamp > old_stamp)
+    at = (cnode *)&p->lru[t];
+  else if (e->orphan)
+    at = at->prev; /* the cold end */
+  node_insert_after(at, &e->lru[t]);
+}
+
+void cache_touch(kvt_cache *c, centry *e) {
+  uint64_t old = e->stamp;
+  e->stamp = ++c->clock;
+  for (int t = 0; t < c->ntiers; t++) {
+    if (HAS(e, t)) {
+      node_unlink(&e->lru[t]);
+      place_in_lru(c, e, t, old);
+    }
+  }
+}
+
+void cache_add_copy(kvt_cache *c, centry *e, int t, uint64_t old_stamp) {
+  e->mask |= TBIT(t);
+  c->t[t].items++;
+  place_in_lru(c, e, t, old_stamp);
+}
+
+void cache_forget_copy(kvt_cache *c, centry *e, int t) {
+  if (!HAS(e, t))
+    return;
+  e->mask &= ~TBIT(t);
+  c->t[t].items--;
+  node_unlink(&e->lru[t]);
+}
+
+/* ---- victims -------------------------------------------------------------- */
+
+/* Whether a child of v has a copy in tier t or a hotter one: then v is the
+ * head of a chain that still lives at this level and must stay. */
+static int has_near_child(const centry *v, int t) {
+  uint32_t near = (TBIT(t) << 1) - 1;
+  for (const centry *k = v->kids; k; k = k->sib_next)
+    if (k->mask & near)
+      return 1;
+  return 0;
+}
+
+#define REFUSE ((centry *)1)
+
+/* The coldest unpinned payload of tier t that may go (mu held): one whose
+ * chain has no tail at this level. REFUSE when the scan reaches an ancestor
+ * of the payload being placed first: that payload would rank behind it, so
+ * it is the coldest and must not displace its own prefix. NULL when nothing
+ * can go. Past SCAN_MAX candidates the coldest unpinned one goes. */
+static centry *pick_victim(kvt_cache *c, int t) {
+  centry *fallback = NULL;
+  cnode *head = &c->t[t].lru;
+  int scanned = 0;
+  for (cnode *n = head->prev; n != head && scanned < SCAN_MAX; n = n->prev, scanned++) {
+    centry *v = entry_of(n, t);
+    if (v->mark == c->mark_gen)
+      return REFUSE;
+    if (v->busy || v->moving)
+      continue;
+    if (!has_near_child(v, t))
+      return v;
+    if (!fallback)
+      fallback = v;
+  }
+  return fallback;
+}
+
+static void mark_ancestors(kvt_cache *c, const centry *e) {
+  c->mark_gen++;
+  int depth = 0;
+  for (centry *p = e->parent; p && depth < ANCESTOR_MAX; p = p->parent, depth++)
+    p->mark = c->mark_gen;
+}
+
+/* Reserves len bytes in tier u for e (mu held), choosing victims until the
+ * accounting has room, plus `force` more. The victims are pinned, marked
+ * moving and their bytes released from used; the caller moves them out.
+ * Returns 0 with the reservation made, -EAGAIN when *nv reached VICTIMS_MAX
+ * (move those and call again; nothing reserved), or -ENOSPC (nothing
+ * reserved; victims already taken are still the caller's to move). */
+static int make_room(kvt_cache *c, centry *e, int u, uint64_t len, int force, centry **victims,
+                     int *nv) {
+  ctier *T = &c->t[u];
+  mark_ancestors(c, e);
+  uint64_t need = cache_cost(c, u, len);
+  while (T->used + need > T->capacity || force > 0) {
+    if (*nv == VICTIMS_MAX)
+      return -EAGAIN;
+    if (e->orphan)
+      return -ENOSPC;
+    centry *v = pick_victim(c, u);
+    if (!v || v == REFUSE)
+      return -ENOSPC;
+    v->busy++;
+    v->moving = 1;
+    T->used -= cache_cost(c, u, v->len);
+    victims[(*nv)++] = v;
+    force--;
+  }
+  T->used += need;
+  return 0;
+}
+
+/* ---- moving --------------------------------------------------------------- */
+
+void cache_drop_copy(kvt_cache *c, centry *e, int t, int kind) {
+  int r = kvt_tier_del(c->t[t].tier, &e->key);
+  pthread_mutex_lock(&c->mu);
+  if (r && r != KVT_ENOTFOUND)
+    c->t[t].n.errors++;
+  cache_forget_copy(c, e, t);
+  if (kind == 1)
+    c->t[t].n.demotions++;
+  else if (kind == 2)
+    c->t[t].n.evictions++;
+  pthread_mutex_unlock(&c->mu);
+  if (r && r != KVT_ENOTFOUND) {
+    char hex[KVT_KEY_HEX_LEN + 1];
+    kvt_logf(c->ctx, KVT_LOG_WARN, "cache: deleting %s from %s failed (%s); it stays there",
+             kvt_key_hex(&e->key, hex), kvt_tier_spec(c->t[t].tier), kvt_strerror(r));
+  }
+}
+
+/* Moves victim v (pinned, moving, its bytes released from tier t's used) out
+ * of tier t: to the first lower tier that takes it, else it is dropped. A
+ * copy already held below (write-through) makes the move a delete. */
+static void demote(kvt_cache *c, centry *v, int t) {
+  pthread_mutex_lock(&c->mu);
+  uint32_t below = v->mask & ~((TBIT(t) << 1) - 1);
+  pthread_mutex_unlock(&c->mu);
+  int kind = 2;
+  if (below) {
+    kind = 1;
+  } else if (t + 1 < c->ntiers) {
+    void *buf = kvt_alloc(c->ctx, v->len ? v->len : 1, 4096);
+    uint64_t got = 0;
+    int r = buf ? kvt_tier_get(c->t[t].tier, &v->key, buf, v->len, &got) : -ENOMEM;
+    if (r == 0 && got != v->len)
+      r = KVT_ECORRUPT;
+    for (int u = t + 1; r == 0 && u < c->ntiers; u++) {
+      if (cache_place(c, v, u, buf, v->len) == 0) {
+        kind = 1;
+        break;
+      }
+    }
+    if (r && r != KVT_ENOTFOUND) {
+      pthread_mutex_lock(&c->mu);
+      c->t[t].n.errors++;
+      pthread_mutex_unlock(&c->mu);
+    }
+    kvt_dealloc(c->ctx, buf);
+  }
+  cache_drop_copy(c, v, t, kind);
+  pthread_mutex_lock(&c->mu);
+  v->moving = 0;
+  cache_unpin(c, v);
+  pthread_mutex_unlock(&c->mu);
+}
+
+int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len) {
+  ctier *T = &c->t[u];
+  if (cache_cost(c, u, len) > T->capacity)
+    return -ENOSPC;
+  int force = 0;
+  for (int attempt = 0;; attempt++) {
+    centry *victims[VICTIMS_MAX];
+    int nv = 0;
+    pthread_mutex_lock(&c->mu);
+    int r = make_room(c, e, u, len, force, victims, &nv);
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < nv; i++)
+      demote(c, victims[i], u);
+    if (r == -EAGAIN) {
+      force = 0;
+      continue;
+    }
+    if (r)
+      return r;
+    r = kvt_tier_put(T->tier, &e->key, buf, len);
+    pthread_mutex_lock(&c->mu);
+    if (r == 0) {
+      cache_add_copy(c, e, u, e->stamp);
+      T->n.puts++;
+      T->n.bytes_in += len;
+      pthread_mutex_unlock(&c->mu);
+      return 0;
+    }
+    T->used -= cache_cost(c, u, len);
+    if (r != -ENOSPC)
+      T->n.errors++;
+    pthread_mutex_unlock(&c->mu);
+    /* The tier is fuller than the accounting (its own overhead, or free
+     * space in pieces): make room for one more payload and try again. */
+    if (r != -ENOSPC || attempt + 1 >= PLACE_RETRIES)
+      return r;
+    force = attempt + 1;
+  }
+}

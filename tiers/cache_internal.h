@@ -1,0 +1,105 @@
+/* tiers/cache_internal.h - the cache manager's insides, shared by
+ * tiers/cache.c (index, LRU lists, victim choice, moving payloads between
+ * tiers) and tiers/cache_ops.c (the public calls).
+ *
+ * Locking: one mutex (cache.mu) guards every field below except the tier
+ * handles, which are thread-safe on their own. Tier I/O never happens with
+ * mu held. An entry that a thread reads or moves outside mu is pinned
+ * (busy > 0), and victims are only chosen among unpinned entries, so an
+ * entry is never freed or moved under a thread that uses it. */
+#ifndef KVT_CACHE_INTERNAL_H
+#define KVT_CACHE_INTERNAL_H
+
+#include <pthread.h>
+
+#include "kvt_internal.h"
+#include "kvtier/cache.h"
+
+typedef struct cnode {
+  struct cnode *prev, *next;
+} cnode;
+
+enum { E_PUTTING = 1, E_LIVE = 2, E_DOOMED = 3 };
+
+typedef struct centry {
+  kvt_key key;
+  struct centry *hnext;                   /* hash chain */
+  struct centry *parent, *kids;           /* prefix tree: the chunk before, those after */
+  struct centry *sib_prev, *sib_next;     /* among the parent's kids */
+  cnode lru[KVT_CACHE_MAX_TIERS];         /* position in each tier holding a copy */
+  uint64_t len;
+  uint64_t stamp;    /* logical time of the last touch */
+  uint64_t mark;     /* == cache.mark_gen: an ancestor of the payload being placed */
+  uint32_t mask;     /* bit t: tier t holds a complete copy */
+  uint32_t busy;     /* pins: gets reading it, the thread moving it */
+  uint8_t state;     /* E_* */
+  uint8_t moving;    /* one thread is demoting or promoting it */
+  uint8_t orphan;    /* put with a prev the cache does not hold: lookups cannot
+                        reach it, so it takes free room only and ranks coldest */
+} centry;
+
+typedef struct ctier {
+  kvt_tier *tier;
+  int persistent;    /* survives a restart (nvme; later redis, fabric) */
+  uint64_t capacity; /* from the tier's stats at open */
+  uint64_t overhead, granule; /* what a payload costs there (kvt_tier_stats) */
+  uint64_t used;     /* bytes held or reserved by a put in progress, as the
+                        tier counts them (cache_cost) */
+  uint64_t items;
+  cnode lru;         /* sentinel: next is the hottest, prev the coldest */
+  kvt_cache_stats n; /* hits ... errors */
+} ctier;
+
+struct kvt_cache {
+  kvt_ctx *ctx;
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* an entry was unpinned or removed */
+  int ntiers;
+  ctier t[KVT_CACHE_MAX_TIERS];
+  centry **buckets;
+  size_t nbuckets, count;
+  uint64_t clock, mark_gen;
+  int has_fp;
+  kvt_key fp;
+  uint32_t chunk_tokens, flags;
+  kvt_cache_stats total; /* gets, refused, duplicates, lookups, lookup_hit_tokens */
+};
+
+#define TBIT(t) (1u << (t))
+#define HAS(e, t) (((e)->mask >> (t)) & 1u)
+
+/* What a payload of len bytes takes of tier t's capacity. */
+static inline uint64_t cache_cost(const kvt_cache *c, int t, uint64_t len) {
+  const ctier *T = &c->t[t];
+  uint64_t g = T->granule ? T->granule : 1;
+  return T->overhead + (len + g - 1) / g * g;
+}
+
+/* Index (mu held). */
+centry *cache_find(kvt_cache *c, const kvt_key *key);
+int cache_index_add(kvt_cache *c, centry *e);
+/* Takes e out of the index and the prefix tree and frees it. e must hold no
+ * copy and no pin. */
+void cache_entry_free(kvt_cache *c, centry *e);
+void cache_link_parent(centry *e, centry *parent);
+/* Frees e if it is live, holds no copy and no pin. */
+void cache_maybe_free(kvt_cache *c, centry *e);
+void cache_unpin(kvt_cache *c, centry *e);
+
+/* LRU (mu held). */
+void cache_touch(kvt_cache *c, centry *e);
+/* Records that tier t holds e (bit, items, LRU place; not used). */
+void cache_add_copy(kvt_cache *c, centry *e, int t, uint64_t old_stamp);
+/* Forgets tier t's copy (bit, items, LRU; not used). */
+void cache_forget_copy(kvt_cache *c, centry *e, int t);
+
+/* Moving (mu NOT held). Writes buf[0..len) (e's payload) into tier u,
+ * demoting or evicting what must go first; e is pinned by the caller.
+ * Returns 0 or -ENOSPC or the tier's error. */
+int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len);
+/* Deletes tier t's copy of e (pinned by the caller, its space in t already
+ * released from used) and counts it as kind: 0 nothing, 1 demotion, 2
+ * eviction. */
+void cache_drop_copy(kvt_cache *c, centry *e, int t, int kind);
+
+#endif

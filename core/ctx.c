@@ -25,8 +25,10 @@ static void default_free(void *opaque, void *ptr) {
 }
 
 /* AVX2 and F16C by CPUID, plus the OS saving YMM state (XGETBV): compilers
- * disagree on which names __builtin_cpu_supports knows (clang 14 lacks f16c). */
-int kvt_cpu_has_avx2(void) {
+ * disagree on which names __builtin_cpu_supports knows (clang 14 lacks f16c).
+ * CPUID traps to the hypervisor in a VM (microseconds), so the answer is
+ * computed once and kept. */
+static int detect_avx2(void) {
 #if defined(KVT_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d))
@@ -44,6 +46,16 @@ int kvt_cpu_has_avx2(void) {
 #else
   return 0;
 #endif
+}
+
+int kvt_cpu_has_avx2(void) {
+  static int known; /* 0: not yet; 1: no; 2: yes. Racing threads store the same value. */
+  int v = __atomic_load_n(&known, __ATOMIC_RELAXED);
+  if (KVT_UNLIKELY(!v)) {
+    v = detect_avx2() ? 2 : 1;
+    __atomic_store_n(&known, v, __ATOMIC_RELAXED);
+  }
+  return v == 2;
 }
 
 int kvt_ctx_create(const kvt_ctx_config *cfg, kvt_ctx **out) {

@@ -32,7 +32,10 @@ static const char bench_help[] =
     "  --simd P           CPU code path: auto, scalar or avx2 (auto)\n"
     "  --zstd LEVEL       add the lossless zstd stage at LEVEL (1..19) and report its\n"
     "                     ratio per preset (synthetic data: indicative only)\n"
-    "  --json             machine-readable output\n";
+    "  --json             machine-readable output\n"
+    "\n"
+    "Also: kvtier bench tier --help (tier throughput against memcpy and fio) and\n"
+    "kvtier bench cache --help (prefix lookup time over a long context).\n";
 
 static const char *const bench_specs[] = {
     "raw", "k16v8", "fp8", "int8", "k16v4", "k8v4", "int4", "int4,kgroup=dim",
@@ -275,12 +278,14 @@ static int bench_parse(int argc, char **argv, bench_cfg *c) {
 int cli_bench_main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "tier") == 0)
     return cli_bench_tier_main(argc - 1, argv + 1);
+  if (argc >= 2 && strcmp(argv[1], "cache") == 0)
+    return cli_bench_cache_main(argc - 1, argv + 1);
   if (argc < 2 || strcmp(argv[1], "codec") != 0) {
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
       fputs(bench_help, stdout);
       return CLI_OK;
     }
-    return cli_usage_error("bench", "expected 'kvtier bench codec|tier [OPTIONS]'");
+    return cli_usage_error("bench", "expected 'kvtier bench codec|tier|cache [OPTIONS]'");
   }
   bench b;
   memset(&b, 0, sizeof(b));

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_demo_cache.h"
 #include "cli_util.h"
 #include "synth.h"
 
@@ -34,7 +35,15 @@ static const char demo_help[] =
     "  --chunk-tokens N  tokens per chunk and payload (256)\n"
     "  --threads N       worker threads (online CPUs, at most 8); throughput is per\n"
     "                    thread (raw bytes over the time spent in the calls)\n"
-    "  --json            machine-readable output\n";
+    "  --no-cache        skip the cache section\n"
+    "  --cache-dir DIR   where the cache section's nvme tier makes its temporary\n"
+    "                    directory ($TMPDIR, else /var/tmp)\n"
+    "  --json            machine-readable output\n"
+    "\n"
+    "Cache section: the context again, as k16v8 payloads put in order through a\n"
+    "cache of a DRAM tier holding about 40%% of it and an NVMe tier below; then a\n"
+    "prefix lookup and every chunk read back and compared byte for byte, with the\n"
+    "tier each chunk came from and the read bandwidth of each tier.\n";
 
 #define GQA_GROUP 4   /* query heads per KV head sampled */
 #define MAX_SAMPLES 8 /* (layer, KV head) planes for the attention check */
@@ -47,8 +56,8 @@ static const char *const demo_specs[] = {
 
 typedef struct demo_cfg {
   uint32_t layers, tokens, heads, head_dim, queries, chunk, threads, seed;
-  const char *dtype_s;
-  int dtype, json;
+  const char *dtype_s, *cache_dir;
+  int dtype, json, no_cache;
 } demo_cfg;
 
 typedef struct demo_result {
@@ -454,7 +463,8 @@ static void takeaway(const demo_result *r, uint64_t raw, char *buf, size_t cap) 
 #undef TA_PUT
 }
 
-static void print_json(const demo *d, const demo_result *r, double secs) {
+static void print_json(const demo *d, const demo_result *r, const demo_cache_result *cr,
+                       double secs) {
   const demo_cfg *c = &d->c;
   char ta[1024];
   takeaway(r, 4 * d->n, ta, sizeof(ta));
@@ -480,6 +490,8 @@ static void print_json(const demo *d, const demo_result *r, double secs) {
   }
   printf("],\n \"takeaway\": ");
   cli_json_str(stdout, ta);
+  if (cr)
+    demo_cache_print_json(cr);
   printf(",\n \"seconds\": %.2f}\n", secs);
 }
 
@@ -528,8 +540,16 @@ static void print_text(const demo *d, const demo_result *r, double secs) {
 
 static int demo_parse(int argc, char **argv, demo_cfg *c) {
   const unsigned cpus = cli_cpu_count();
-  *c = (demo_cfg){32, 4096,   8, 128, 8, 256, cpus < MAX_WORKERS ? cpus : MAX_WORKERS,
-                  1,  "bf16", 0, 0};
+  memset(c, 0, sizeof(*c));
+  c->layers = 32;
+  c->tokens = 4096;
+  c->heads = 8;
+  c->head_dim = 128;
+  c->queries = 8;
+  c->chunk = 256;
+  c->threads = cpus < MAX_WORKERS ? cpus : MAX_WORKERS;
+  c->seed = 1;
+  c->dtype_s = "bf16";
   const cli_opt opts[] = {
       {"--layers", NULL, CLI_U32, &c->layers, 1, KVT_MAX_LAYERS},
       {"--tokens", NULL, CLI_U32, &c->tokens, 1, KVT_MAX_TOKENS},
@@ -541,6 +561,8 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
       {"--chunk-tokens", NULL, CLI_U32, &c->chunk, 1, KVT_MAX_TOKENS},
       {"--threads", NULL, CLI_U32, &c->threads, 1, MAX_WORKERS},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0},
+      {"--no-cache", NULL, CLI_FLAG, &c->no_cache, 0, 0},
+      {"--cache-dir", NULL, CLI_STR, &c->cache_dir, 0, 0},
   };
   size_t n_pos;
   int rc = cli_parse("demo", argc, argv, opts, sizeof(opts) / sizeof(opts[0]), NULL, 0, &n_pos);
@@ -576,11 +598,21 @@ int cli_demo_main(int argc, char **argv) {
     for (size_t i = 0; i < N_SPECS && rc == 0; i++)
       rc = run_preset(&d, demo_specs[i], ids, &res[i]);
   }
+  demo_cache_result cache_res;
+  if (rc == 0 && !d.c.no_cache) {
+    const demo_cache_in in = {d.k,         d.v,       d.c.layers, d.c.tokens, d.c.heads,
+                              d.c.head_dim, d.c.chunk, d.c.dtype,  d.c.cache_dir};
+    rc = demo_cache_run(&in, &cache_res);
+  }
   if (rc == 0) {
-    if (d.c.json)
-      print_json(&d, res, cli_now() - t0);
-    else
+    const demo_cache_result *cr = d.c.no_cache ? NULL : &cache_res;
+    if (d.c.json) {
+      print_json(&d, res, cr, cli_now() - t0);
+    } else {
       print_text(&d, res, cli_now() - t0);
+      if (cr)
+        demo_cache_print_text(cr);
+    }
   }
   free(ids);
   demo_free(&d);

@@ -1,7 +1,7 @@
 /* programs/cli_store.c - `kvtier store`: put, get, remove, list and count the
- * payloads of one tier from the command line, so an operator can inspect and
- * repair a persistent (nvme:) tier. Every payload is verified on the way in
- * and on the way out. */
+ * payloads of a cache (one tier or several, through the cache manager) from
+ * the command line, so an operator can inspect and repair persistent (nvme:)
+ * tiers. Every payload is verified on the way in and on the way out. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -12,24 +12,28 @@
 int cli_store_main(int argc, char **argv);
 
 static const char store_help[] =
-    "Usage: kvtier store --tiers SPEC SUBCOMMAND [OPTIONS]\n"
+    "Usage: kvtier store --tiers 'SPEC[;SPEC...]' SUBCOMMAND [OPTIONS]\n"
     "\n"
-    "Inspect and repair one storage tier: store, fetch, remove and list payloads.\n"
-    "--tiers comes before the subcommand.\n"
+    "Inspect and repair a cache of one or more tiers (hottest first): store,\n"
+    "fetch, remove and list payloads. --tiers comes before the subcommand.\n"
+    "Payloads of any model are accepted (no fingerprint is checked here); a get\n"
+    "does not promote.\n"
     "\n"
     "Subcommands:\n"
     "  put [--key HEX] IN.kvt   verify IN.kvt completely (as 'kvtier verify') and\n"
-    "                           store it under its chunk key; --key, when given,\n"
-    "                           must equal the payload's own key\n"
+    "                           store it under its chunk key in the first tier with\n"
+    "                           room (colder payloads move down); --key, when\n"
+    "                           given, must equal the payload's own key\n"
     "  get --key HEX -o OUT.kvt fetch the payload, verify it, and write it to OUT.kvt\n"
     "                           atomically (OUT.kvt.tmp, fsync, rename); a corrupt\n"
     "                           payload is reported and not written\n"
-    "  rm --key HEX             remove the payload\n"
-    "  ls [--json]              every key with its length, sorted by key, and a count\n"
-    "  stats [--json]           capacity, used bytes, items and operation counters\n"
-    "                           of this invocation\n"
+    "  rm --key HEX             remove the payload from every tier\n"
+    "  ls [--json]              every key with its length (and tier, when several),\n"
+    "                           sorted by key, and a count\n"
+    "  stats [--json]           per tier: capacity, used bytes, items and this\n"
+    "                           invocation's counters (hits, demotions, ...)\n"
     "\n"
-    "Tier specs (one tier; the cache manager over several tiers is future work):\n"
+    "Tier specs, separated by ';' (quote them in the shell):\n"
     "  nvme:DIR:SIZE[,qd=N][,engine=pread]  one file per payload under DIR; persists\n"
     "                           across invocations. Corrupt or torn files are\n"
     "                           misses and are removed when found.\n"
@@ -37,7 +41,8 @@ static const char store_help[] =
     "                           so it only makes sense for trying the commands\n"
     "  fault:RULES@SPEC, trace@SPEC  decorators (tests, tracing)\n"
     "  SIZE takes B, KiB, MiB, GiB, TiB (or K, M, G, T) and KB, MB, GB, TB.\n"
-    "  Example: kvtier store --tiers nvme:/var/lib/kvtier:100GiB ls\n"
+    "  Examples: kvtier store --tiers nvme:/var/lib/kvtier:100GiB ls\n"
+    "            kvtier store --tiers 'dram:1GiB;nvme:/var/lib/kvtier:100GiB' put p.kvt\n"
     "\n"
     "Exit status:\n"
     "  0  success\n"
@@ -55,7 +60,7 @@ typedef struct store_args {
   int have_key;
   kvt_key key;
   kvt_ctx *ctx;
-  kvt_tier *tier;
+  kvt_cache *cache;
 } store_args;
 
 /* Tier warnings (a corrupt nvme file found and removed) reach the operator. */
@@ -68,8 +73,8 @@ static void log_stderr(void *opaque, int level, const char *msg) {
 /* Exit code of a failed tier operation, after printing `what: cause`. */
 static int tier_fail(const store_args *a, const char *what, int err) {
   if (err == -ENOSPC) {
-    cli_error("%s: the tier is full (%s): the payload does not fit its free space", what,
-              a->spec);
+    cli_error("%s: no tier of '%s' has room for the payload, even after moving colder "
+              "payloads down", what, a->spec);
     return CLI_EFAIL;
   }
   cli_error("%s: %s: %s", what, kvt_err_name(err), kvt_strerror(err));
@@ -99,11 +104,16 @@ static int store_put(store_args *a) {
     cli_error("%s: key mismatch: --key %s, but the payload's chunk key is %s", a->file,
               kvt_key_hex(&a->key, want), kvt_key_hex(&info.key, hex));
     rc = CLI_EPAYLOAD;
-  } else if ((err = kvt_tier_put(a->tier, &info.key, buf, len)) != 0)
+  } else if (kvt_cache_query(a->cache, &info.key, NULL, NULL) == 0) {
+    printf("%s: already held under %s\n", a->file, kvt_key_hex(&info.key, hex));
+  } else if ((err = kvt_cache_put(a->cache, &info.key, NULL, buf, len)) != 0) {
     rc = tier_fail(a, a->file, err);
-  else
-    printf("%s: stored under %s (%zu bytes) in %s\n", a->file, kvt_key_hex(&info.key, hex), len,
-           a->spec);
+  } else {
+    int t = 0;
+    kvt_cache_query(a->cache, &info.key, NULL, &t);
+    printf("%s: stored under %s (%zu bytes) in tier %d, %s\n", a->file,
+           kvt_key_hex(&info.key, hex), len, t, kvt_tier_spec(kvt_cache_tier(a->cache, t)));
+  }
   free(buf);
   return rc;
 }
@@ -112,7 +122,7 @@ static int store_put(store_args *a) {
  * changed size between the query and the get. */
 static int fetch(store_args *a, void **out, uint64_t *out_len) {
   uint64_t len = 0;
-  int err = kvt_tier_query(a->tier, &a->key, &len);
+  int err = kvt_cache_query(a->cache, &a->key, &len, NULL);
   for (int tries = 0; err == 0 || err == KVT_ENOBUFS; tries++) {
     if (tries == 4)
       break;
@@ -122,7 +132,7 @@ static int fetch(store_args *a, void **out, uint64_t *out_len) {
       return CLI_EFAIL;
     }
     uint64_t got = 0;
-    err = kvt_tier_get(a->tier, &a->key, buf, len, &got);
+    err = kvt_cache_get(a->cache, &a->key, buf, len, &got, NULL);
     if (err == 0) {
       *out = buf;
       *out_len = got;
@@ -160,7 +170,7 @@ static int store_get(store_args *a) {
 }
 
 static int store_rm(store_args *a) {
-  const int err = kvt_tier_del(a->tier, &a->key);
+  const int err = kvt_cache_del(a->cache, &a->key);
   if (err == KVT_ENOTFOUND)
     return not_found(a);
   if (err)
@@ -172,11 +182,13 @@ static int store_rm(store_args *a) {
 typedef struct ls_entry {
   kvt_key key;
   uint64_t len;
+  int tier;
 } ls_entry;
 
 typedef struct ls_list {
   ls_entry *v;
   size_t n, cap;
+  int tier; /* the tier being listed */
 } ls_list;
 
 static int ls_add(void *opaque, const kvt_key *key, uint64_t len) {
@@ -190,18 +202,22 @@ static int ls_add(void *opaque, const kvt_key *key, uint64_t len) {
     l->cap = cap;
   }
   l->v[l->n].key = *key;
+  l->v[l->n].tier = l->tier;
   l->v[l->n++].len = len;
   return 0;
 }
 
 /* Byte order of keys is the order of their lower-case hex. */
 static int ls_cmp(const void *x, const void *y) {
-  return memcmp(&((const ls_entry *)x)->key, &((const ls_entry *)y)->key, sizeof(kvt_key));
+  const ls_entry *a = x, *b = y;
+  int c = memcmp(&a->key, &b->key, sizeof(kvt_key));
+  return c ? c : a->tier - b->tier;
 }
 
 static void ls_print(const store_args *a, const ls_list *l) {
   char hex[KVT_KEY_HEX_LEN + 1];
   uint64_t total = 0;
+  const int several = kvt_cache_tier_count(a->cache) > 1;
   if (a->json) {
     printf("{\"tier\": ");
     cli_json_str(stdout, a->spec);
@@ -211,7 +227,10 @@ static void ls_print(const store_args *a, const ls_list *l) {
     total += l->v[i].len;
     kvt_key_hex(&l->v[i].key, hex);
     if (a->json)
-      printf("%s\n  {\"key\": \"%s\", \"len\": %" PRIu64 "}", i ? "," : "", hex, l->v[i].len);
+      printf("%s\n  {\"key\": \"%s\", \"len\": %" PRIu64 ", \"tier\": %d}", i ? "," : "", hex,
+             l->v[i].len, l->v[i].tier);
+    else if (several)
+      printf("%s %12" PRIu64 "  tier %d\n", hex, l->v[i].len, l->v[i].tier);
     else
       printf("%s %12" PRIu64 "\n", hex, l->v[i].len);
   }
@@ -222,11 +241,12 @@ static void ls_print(const store_args *a, const ls_list *l) {
 }
 
 static int store_ls(store_args *a) {
-  ls_list l = {NULL, 0, 0};
-  const int err = kvt_tier_list(a->tier, ls_add, &l);
-  int rc = CLI_OK;
+  ls_list l = {NULL, 0, 0, 0};
+  int err = 0, rc = CLI_OK;
+  for (l.tier = 0; !err && l.tier < kvt_cache_tier_count(a->cache); l.tier++)
+    err = kvt_tier_list(kvt_cache_tier(a->cache, l.tier), ls_add, &l);
   if (err == KVT_ENOTSUP) {
-    cli_error("%s: this tier cannot list its keys", a->spec);
+    cli_error("%s: tier %d cannot list its keys", a->spec, l.tier - 1);
     rc = CLI_EFAIL;
   } else if (err) {
     rc = tier_fail(a, "list", err);
@@ -239,24 +259,19 @@ static int store_ls(store_args *a) {
   return rc;
 }
 
-static int store_stats(store_args *a) {
-  kvt_tier_stats s;
-  memset(&s, 0, sizeof(s));
-  s.struct_size = sizeof(s);
-  const int err = kvt_tier_stats_get(a->tier, &s);
-  if (err)
-    return tier_fail(a, "stats", err);
-  static const char *const names[] = {"capacity", "used", "items",  "puts",      "gets",
-                                      "dels",     "queries", "hits", "misses",    "errors",
-                                      "bytes_in", "bytes_out", "in_flight"};
-  const uint64_t vals[] = {s.capacity, s.used,   s.items,    s.puts,     s.gets,
-                           s.dels,     s.queries, s.hits,    s.misses,   s.errors,
-                           s.bytes_in, s.bytes_out, s.in_flight};
+static void stats_print(const store_args *a, int t, const kvt_cache_stats *s, int first) {
+  static const char *const names[] = {"capacity", "used",       "items",     "hits",
+                                      "misses",   "puts",       "bytes_in",  "bytes_out",
+                                      "demotions", "promotions", "evictions", "errors"};
+  const uint64_t vals[] = {s->capacity,  s->used,       s->items,     s->hits,
+                           s->misses,    s->puts,       s->bytes_in,  s->bytes_out,
+                           s->demotions, s->promotions, s->evictions, s->errors};
+  const char *spec = kvt_tier_spec(kvt_cache_tier(a->cache, t));
   if (a->json) {
-    printf("{\"tier\": ");
-    cli_json_str(stdout, a->spec);
+    printf("%s\n  {\"index\": %d, \"tier\": ", first ? "" : ",", t);
+    cli_json_str(stdout, spec);
   } else {
-    printf("tier       %s\n", a->spec);
+    printf("%stier       %d %s\n", first ? "" : "\n", t, spec);
   }
   for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
     if (a->json)
@@ -265,7 +280,23 @@ static int store_stats(store_args *a) {
       printf("%-10s %" PRIu64 "\n", names[i], vals[i]);
   }
   if (a->json)
-    printf("}\n");
+    printf("}");
+}
+
+static int store_stats(store_args *a) {
+  if (a->json)
+    printf("{\"tiers\": [");
+  for (int t = 0; t < kvt_cache_tier_count(a->cache); t++) {
+    kvt_cache_stats s;
+    memset(&s, 0, sizeof(s));
+    s.struct_size = sizeof(s);
+    const int err = kvt_cache_stats_get(a->cache, t, &s);
+    if (err)
+      return tier_fail(a, "stats", err);
+    stats_print(a, t, &s, t == 0);
+  }
+  if (a->json)
+    printf("]}\n");
   return CLI_OK;
 }
 
@@ -325,7 +356,7 @@ static int find_sub(int argc, char **argv) {
   return argc;
 }
 
-static int open_tier(store_args *a) {
+static int open_cache(store_args *a) {
   kvt_ctx_config cfg = KVT_CTX_CONFIG_INIT;
   cfg.log = log_stderr;
   cfg.log_level = KVT_LOG_WARN;
@@ -334,7 +365,10 @@ static int open_tier(store_args *a) {
     cli_error("cannot create a context: %s", kvt_strerror(err));
     return CLI_EFAIL;
   }
-  err = kvt_tier_open(a->ctx, a->spec, &a->tier);
+  kvt_cache_config cc = KVT_CACHE_CONFIG_INIT;
+  cc.tiers = a->spec;
+  cc.flags = KVT_CACHE_NO_PROMOTE;
+  err = kvt_cache_open(a->ctx, &cc, &a->cache);
   if (err == 0)
     return 0;
   const char *detail = kvt_ctx_last_error(a->ctx);
@@ -342,7 +376,7 @@ static int open_tier(store_args *a) {
     detail = kvt_strerror(err);
   if (err == -EINVAL || err == KVT_ESPEC || err == KVT_ENOTSUP)
     return cli_usage_error("store", "--tiers '%s': %s", a->spec, detail);
-  cli_error("cannot open tier '%s': %s", a->spec, detail);
+  cli_error("cannot open tiers '%s': %s", a->spec, detail);
   return err == -ENOMEM || err <= -4000 ? CLI_EFAIL : CLI_EIO;
 }
 
@@ -372,9 +406,9 @@ int cli_store_main(int argc, char **argv) {
     return rc;
   if (!a.spec)
     return cli_usage_error("store", "--tiers SPEC is required (e.g. nvme:DIR:100GiB)");
-  if ((rc = open_tier(&a)) == 0)
+  if ((rc = open_cache(&a)) == 0)
     rc = sub->fn(&a);
-  kvt_tier_close(a.tier);
+  kvt_cache_close(a.cache);
   kvt_ctx_destroy(a.ctx);
   return rc;
 }

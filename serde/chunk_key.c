@@ -8,6 +8,7 @@
 
 static const char FP_DOMAIN[16] = "kvtier-fprint-1";
 static const char CK_DOMAIN[16] = "kvtier-chunk-1";
+#define CK_ONESHOT_TOKENS 1024 /* chunks up to this many tokens hash from a stack copy */
 
 int kvt_fingerprint(const kvt_model_desc *m, const kvt_codec_spec *spec, kvt_key *out) {
   if (!m || m->struct_size < sizeof(kvt_model_desc) || !m->model_id || !out)
@@ -43,6 +44,18 @@ int kvt_chunk_key(const kvt_key *fp, const kvt_key *prev, const uint32_t *tokens
   if (!fp || !tokens || !n || !out || n > UINT32_MAX)
     return -EINVAL;
   static const kvt_key none = {{0}};
+  if (n <= CK_ONESHOT_TOKENS) {
+    /* The same bytes as below, joined on the stack and hashed in one call:
+     * several times faster than the streaming state for one chunk. */
+    uint8_t buf[52 + 4 * CK_ONESHOT_TOKENS];
+    memcpy(buf, CK_DOMAIN, 16);
+    memcpy(buf + 16, fp->bytes, 16);
+    memcpy(buf + 32, (prev ? prev : &none)->bytes, 16);
+    kvt_st32(buf + 48, (uint32_t)n);
+    memcpy(buf + 52, tokens, n * sizeof(uint32_t));
+    kvt_hash128(buf, 52 + n * sizeof(uint32_t), out->bytes);
+    return 0;
+  }
   uint8_t count[4];
   kvt_st32(count, (uint32_t)n);
   kvt_hash128_stream s;

@@ -175,6 +175,47 @@ static void test_cli_store_bad_tiers_spec_is_a_usage_error(void **state) {
   assert_int_equal(store("t5", "get --key %s", payload_key), 2);
 }
 
+/* Two nvme tiers through the cache manager: the first holds one payload, so
+ * a second put demotes the first payload to the lower tier. */
+static void test_cli_store_two_tiers_demote_list_and_get(void **state) {
+  (void)state;
+  assert_int_equal(run("encode --codec k16v8 " SHAPE " --model-id m2 --k K.bin --v V.bin "
+                       "-o p2.kvt"), 0);
+  char spec[600];
+  snprintf(spec, sizeof(spec), "'nvme:%s/t6a:150KiB;nvme:%s/t6b:1MiB'", dir, dir);
+  assert_int_equal(run("store --tiers %s put p.kvt", spec), 0);
+  assert_non_null(strstr(res.out, "tier 0"));
+  assert_int_equal(run("store --tiers %s put p2.kvt", spec), 0);
+  assert_non_null(strstr(res.out, "tier 0"));
+  assert_int_equal(run("store --tiers %s put p2.kvt", spec), 0);
+  assert_non_null(strstr(res.out, "already held"));
+  assert_int_equal(run("store --tiers %s ls", spec), 0);
+  assert_non_null(strstr(res.out, "2 keys"));
+  assert_non_null(strstr(res.out, "tier 1"));
+  char line[128];
+  snprintf(line, sizeof(line), "%s", payload_key);
+  const char *at = strstr(res.out, line);
+  assert_non_null(at);
+  assert_non_null(strstr(at, "tier 1")); /* p.kvt, the colder, went down */
+  assert_int_equal(run("store --tiers %s stats --json", spec), 0);
+  /* One payload in each tier (the counters are this invocation's). */
+  const char *first = strstr(res.out, "\"items\": 1,");
+  assert_non_null(first);
+  assert_non_null(strstr(first + 1, "\"items\": 1,"));
+  assert_int_equal(run("store --tiers %s get --key %s -o back6.kvt", spec, payload_key), 0);
+  size_t a_len, b_len;
+  void *a = read_file("p.kvt", &a_len), *b = read_file("back6.kvt", &b_len);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_int_equal(a_len, b_len);
+  assert_memory_equal(a, b, a_len);
+  free(a);
+  free(b);
+  assert_int_equal(run("store --tiers %s rm --key %s", spec, payload_key), 0);
+  assert_int_equal(run("store --tiers %s ls", spec), 0);
+  assert_non_null(strstr(res.out, "1 keys"));
+}
+
 static void test_cli_store_help_documents_subcommands_and_exit_codes(void **state) {
   (void)state;
   assert_int_equal(run("store --help"), 0);
@@ -196,6 +237,7 @@ int main(void) {
       cmocka_unit_test(test_cli_store_put_rejects_key_mismatch_naming_both_keys),
       cmocka_unit_test(test_cli_store_get_of_file_corrupted_on_disk_exits_1_writes_nothing),
       cmocka_unit_test(test_cli_store_bad_tiers_spec_is_a_usage_error),
+      cmocka_unit_test(test_cli_store_two_tiers_demote_list_and_get),
       cmocka_unit_test(test_cli_store_help_documents_subcommands_and_exit_codes),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

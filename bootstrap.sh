@@ -4,9 +4,10 @@
 #   ./bootstrap.sh demo     install what is missing, build, run `kvtier demo`
 #   ./bootstrap.sh test     install what is missing, build, run the whole test suite
 #   ./bootstrap.sh asan     the same tests in an AddressSanitizer+UBSan build
+#   ./bootstrap.sh tsan     the multi-threaded tests (label "threads") under ThreadSanitizer
 #   ./bootstrap.sh build    install and build only
 #
-# Environment: BUILD_DIR (default build, or build-asan for asan), JOBS (default:
+# Environment: BUILD_DIR (default build, build-asan, build-tsan), JOBS (default:
 # the number of cores), KVT_CMAKE_ARGS (extra cmake arguments). With CI=true,
 # warnings are errors.
 set -euo pipefail
@@ -14,13 +15,13 @@ set -euo pipefail
 cd "$(dirname "$0")"
 mode=${1:-demo}
 case "$mode" in
-  demo | test | asan | build) ;;
+  demo | test | asan | tsan | build) ;;
   -h | --help)
-    sed -n '2,12p' "$0"
+    sed -n '2,13p' "$0"
     exit 0
     ;;
   *)
-    echo "bootstrap.sh: unknown mode '$mode' (demo, test, asan, build)" >&2
+    echo "bootstrap.sh: unknown mode '$mode' (demo, test, asan, tsan, build)" >&2
     exit 2
     ;;
 esac
@@ -53,6 +54,10 @@ if [ "$mode" = asan ]; then
   build=${BUILD_DIR:-build-asan}
   # Sanitizers are for the C code; the GPU code has its own (compute-sanitizer).
   args+=(-DKVT_SANITIZE=ON -DKVT_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug)
+elif [ "$mode" = tsan ]; then
+  build=${BUILD_DIR:-build-tsan}
+  args+=(-DKVT_SANITIZE_THREAD=ON -DKVT_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+         -DKVT_BUILD_PROGRAMS=OFF)
 else
   build=${BUILD_DIR:-build}
 fi
@@ -68,5 +73,9 @@ case "$mode" in
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
     exec ctest --test-dir "$build" --output-on-failure -j "$jobs"
+    ;;
+  tsan)
+    export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+    exec ctest --test-dir "$build" --output-on-failure -j "$jobs" -L threads
     ;;
 esac

@@ -486,8 +486,10 @@ int kvt_cache_lookup(kvt_cache *c, const uint32_t *tokens, size_t n, size_t *cac
   pthread_mutex_lock(&c->mu);
   c->total.lookups++;
   pthread_mutex_unlock(&c->mu);
-  while (done < chunks) {
-    size_t m = chunks - done < LOOKUP_BATCH ? chunks - done : LOOKUP_BATCH;
+  /* Batches grow from 4 keys to LOOKUP_BATCH, so a miss near the head costs
+   * few hashes and a long hit takes the lock a few times only. */
+  for (size_t batch = 4; done < chunks; batch = batch < LOOKUP_BATCH / 2 ? 2 * batch : LOOKUP_BATCH) {
+    size_t m = chunks - done < batch ? chunks - done : batch;
     for (size_t i = 0; i < m; i++) {
       const kvt_key *pk = i ? &keys[i - 1] : (done ? &prev_key : NULL);
       int r = kvt_chunk_key(&c->fp, pk, tokens + (done + i) * c->chunk_tokens, c->chunk_tokens,

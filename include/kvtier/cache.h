@@ -69,7 +69,9 @@ enum kvt_cache_flags {
 typedef struct kvt_cache_config {
   size_t struct_size;           /* sizeof(kvt_cache_config) */
   /* Tier specs, hottest first, separated by ';' (1 to KVT_CACHE_MAX_TIERS),
-   * e.g. "dram:8GiB;nvme:/var/cache/kvtier:1TiB". See kvtier/tier.h. */
+   * e.g. "dram:8GiB;nvme:/var/cache/kvtier:1TiB". See kvtier/tier.h. A ';'
+   * splits only where a scheme follows ("nvme:", "trace@"), so the ';'
+   * between a fault decorator's rules stays inside its spec. */
   const char *tiers;
   /* The model fingerprint (kvt_fingerprint) of every payload this cache
    * holds; copied at open. NULL accepts payloads of any model (operator

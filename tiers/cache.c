@@ -239,6 +239,63 @@ static int make_room(kvt_cache *c, centry *e, int u, uint64_t len, int force, ce
 
 /* ---- moving --------------------------------------------------------------- */
 
+/* A 4096-aligned buffer of at least len bytes: the smallest spare that fits,
+ * else a new one. *cap is its size. */
+static void *buf_take(kvt_cache *c, uint64_t len, uint64_t *cap) {
+  int best = -1;
+  pthread_mutex_lock(&c->mu);
+  for (int i = 0; i < CACHE_SPARE_BUFS; i++)
+    if (c->spare[i] && c->spare_cap[i] >= len && (best < 0 || c->spare_cap[i] < c->spare_cap[best]))
+      best = i;
+  void *p = NULL;
+  if (best >= 0) {
+    p = c->spare[best];
+    *cap = c->spare_cap[best];
+    c->spare[best] = NULL;
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (p)
+    return p;
+  *cap = (len + 4095) / 4096 * 4096;
+  return kvt_alloc(c->ctx, *cap ? *cap : 4096, 4096);
+}
+
+/* Keeps buf as a spare, replacing the smallest when all slots are taken. */
+static void buf_give(kvt_cache *c, void *buf, uint64_t cap) {
+  if (!buf)
+    return;
+  int slot = -1;
+  pthread_mutex_lock(&c->mu);
+  for (int i = 0; i < CACHE_SPARE_BUFS && slot < 0; i++)
+    if (!c->spare[i])
+      slot = i;
+  if (slot < 0) { /* all taken: replace the smallest if it is smaller */
+    slot = 0;
+    for (int i = 1; i < CACHE_SPARE_BUFS; i++)
+      if (c->spare_cap[i] < c->spare_cap[slot])
+        slot = i;
+    if (c->spare_cap[slot] >= cap)
+      slot = -1;
+  }
+  void *drop = buf;
+  if (slot >= 0) {
+    drop = c->spare[slot];
+    c->spare[slot] = buf;
+    c->spare_cap[slot] = cap;
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (drop)
+    kvt_dealloc(c->ctx, drop);
+}
+
+void cache_spares_free(kvt_cache *c) {
+  for (int i = 0; i < CACHE_SPARE_BUFS; i++) {
+    if (c->spare[i])
+      kvt_dealloc(c->ctx, c->spare[i]);
+    c->spare[i] = NULL;
+  }
+}
+
 void cache_drop_copy(kvt_cache *c, centry *e, int t, int kind) {
   int r = kvt_tier_del(c->t[t].tier, &e->key);
   pthread_mutex_lock(&c->mu);
@@ -268,8 +325,8 @@ static void demote(kvt_cache *c, centry *v, int t) {
   if (below) {
     kind = 1;
   } else if (t + 1 < c->ntiers) {
-    void *buf = kvt_alloc(c->ctx, v->len ? v->len : 1, 4096);
-    uint64_t got = 0;
+    uint64_t cap = 0, got = 0;
+    void *buf = buf_take(c, v->len, &cap);
     int r = buf ? kvt_tier_get(c->t[t].tier, &v->key, buf, v->len, &got) : -ENOMEM;
     if (r == 0 && got != v->len)
       r = KVT_ECORRUPT;
@@ -284,7 +341,7 @@ static void demote(kvt_cache *c, centry *v, int t) {
       c->t[t].n.errors++;
       pthread_mutex_unlock(&c->mu);
     }
-    kvt_dealloc(c->ctx, buf);
+    buf_give(c, buf, cap);
   }
   cache_drop_copy(c, v, t, kind);
   pthread_mutex_lock(&c->mu);

@@ -15,6 +15,8 @@
 #include "kvt_internal.h"
 #include "kvtier/cache.h"
 
+#define CACHE_SPARE_BUFS 4
+
 typedef struct cnode {
   struct cnode *prev, *next;
 } cnode;
@@ -63,6 +65,10 @@ struct kvt_cache {
   kvt_key fp;
   uint32_t chunk_tokens, flags;
   kvt_cache_stats total; /* gets, refused, duplicates, lookups, lookup_hit_tokens */
+  /* Buffers demotions copied through, kept for the next ones (the data path
+   * does not allocate once warm). */
+  void *spare[CACHE_SPARE_BUFS];
+  uint64_t spare_cap[CACHE_SPARE_BUFS];
 };
 
 #define TBIT(t) (1u << (t))
@@ -92,6 +98,9 @@ void cache_touch(kvt_cache *c, centry *e);
 void cache_add_copy(kvt_cache *c, centry *e, int t, uint64_t old_stamp);
 /* Forgets tier t's copy (bit, items, LRU; not used). */
 void cache_forget_copy(kvt_cache *c, centry *e, int t);
+
+/* Frees the spare buffers (close). */
+void cache_spares_free(kvt_cache *c);
 
 /* Moving (mu NOT held). Writes buf[0..len) (e's payload) into tier u,
  * demoting or evicting what must go first; e is pinned by the caller.

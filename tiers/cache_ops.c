@@ -128,6 +128,7 @@ void kvt_cache_close(kvt_cache *c) {
     }
   }
   kvt_dealloc(c->ctx, c->buckets);
+  cache_spares_free(c);
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->mu);
   kvt_dealloc(c->ctx, c);

@@ -41,7 +41,9 @@
  * kvt_cache_open() leaves detail in the context.
  *
  * Data movement is synchronous in the calling thread: a put that needs
- * demotions, or a get that promotes, does that I/O before it returns. */
+ * demotions, or a get that promotes, does that I/O before it returns.
+ * Demotions copy through up to four payload-sized buffers that the cache
+ * keeps for the next ones (host memory beyond the tiers' capacities). */
 #ifndef KVTIER_CACHE_H
 #define KVTIER_CACHE_H
 

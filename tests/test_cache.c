@@ -482,6 +482,83 @@ static void test_cache_payload_larger_than_every_tier(void **state) {
   kvt_cache_close(c);
 }
 
+static void test_cache_get_many_reads_a_chain_from_both_tiers(void **state) {
+  (void)state;
+  char d[64], spec[512];
+  snprintf(spec, sizeof(spec), "%s;nvme:%s/many:4MiB", dram_for(d, sizeof(d), 4), fx->dir);
+  kvt_cache *c = open_cache(spec, 0, &fx->fp);
+  enum { N = 12 };
+  kvt_key a[N];
+  chain_keys(&fx->fp, 1400, N, a);
+  put_chain(c, a, 0, N, 0);
+  kvt_cache_get_req req[N + 2];
+  memset(req, 0, sizeof(req));
+  for (int i = 0; i < N + 2; i++) {
+    req[i].key = i < N ? a[i] : (kvt_key){{(uint8_t)(0xE0 + i)}};
+    req[i].cap = (plen + 4095) / 4096 * 4096;
+    req[i].buf = aligned_alloc(4096, req[i].cap);
+  }
+  req[N + 1].key = a[0];
+  req[N + 1].cap = 16; /* too small */
+  assert_int_equal(kvt_cache_get_many(c, req, N + 2, 5), 0);
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(req[i].result, 0);
+    assert_int_equal(req[i].tier, i < 4 ? 0 : 1);
+    assert_int_equal(req[i].len, plen);
+    uint64_t len;
+    uint8_t *want = payload_of(fx->ctx, &fx->fp, &a[i], CT_TOKENS, &len);
+    assert_memory_equal(req[i].buf, want, len);
+    free(want);
+  }
+  assert_int_equal(req[N].result, KVT_ENOTFOUND);
+  assert_int_equal(req[N].tier, -1);
+  assert_int_equal(req[N + 1].result, KVT_ENOBUFS);
+  assert_int_equal(req[N + 1].len, plen);
+  assert_int_equal(stats(c, 0).hits, 4);
+  assert_int_equal(stats(c, 1).hits, N - 4);
+  assert_int_equal(stats(c, -1).misses, 1);
+  assert_int_equal(stats(c, -1).pinned, 0);
+  /* The tail stays below: promoting it would evict the head. */
+  for (int i = 0; i < N; i++)
+    assert_int_equal(kvt_cache_where(c, &a[i]), i < 4 ? 1u : 2u);
+  for (int i = 0; i < N + 2; i++)
+    free(req[i].buf);
+  req[0].buf = NULL;
+  req[0].cap = 8;
+  assert_int_equal(kvt_cache_get_many(c, req, 1, 0), -EINVAL);
+  assert_int_equal(kvt_cache_get_many(c, NULL, 0, 0), 0);
+  kvt_cache_close(c);
+}
+
+static void test_cache_get_many_promotes_after_reading(void **state) {
+  (void)state;
+  char d[64], spec[512];
+  snprintf(spec, sizeof(spec), "%s;nvme:%s/manyp:4MiB", dram_for(d, sizeof(d), 3), fx->dir);
+  kvt_cache *c = open_cache(spec, 0, &fx->fp);
+  kvt_key k[6];
+  for (uint32_t i = 0; i < 6; i++) {
+    chain_keys(&fx->fp, 1450 + i, 1, &k[i]);
+    put_chain(c, &k[i], 0, 1, 0);
+  }
+  /* k[0..2] went down; read them back together. */
+  kvt_cache_get_req req[3];
+  memset(req, 0, sizeof(req));
+  for (int i = 0; i < 3; i++) {
+    req[i].key = k[i];
+    req[i].cap = plen;
+    req[i].buf = malloc(plen);
+  }
+  assert_int_equal(kvt_cache_get_many(c, req, 3, 0), 0);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(req[i].result, 0);
+    assert_int_equal(req[i].tier, 1);
+    assert_int_equal(kvt_cache_where(c, &k[i]), 1u);
+    free(req[i].buf);
+  }
+  assert_int_equal(stats(c, 0).promotions, 3);
+  kvt_cache_close(c);
+}
+
 static void test_cache_open_rejects_bad_configs(void **state) {
   (void)state;
   kvt_cache_config cfg = KVT_CACHE_CONFIG_INIT;
@@ -537,6 +614,9 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cache_fault_paths, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cache_payload_larger_than_every_tier, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cache_get_many_reads_a_chain_from_both_tiers, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cache_get_many_promotes_after_reading, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cache_open_rejects_bad_configs, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

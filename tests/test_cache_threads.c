@@ -61,6 +61,26 @@ static void *worker(void *arg) {
         else if (!rc)
           atomic_fetch_add(&sh->gets_ok, 1);
       }
+    } else if (op < 8 + 1 && (rnd(&seed) & 1)) { /* the same through get_many */
+      kvt_cache_get_req req[CHAIN];
+      uint8_t *bufs = malloc((size_t)CHAIN * sh->len);
+      memset(req, 0, sizeof(req));
+      for (int j = 0; j < CHAIN; j++) {
+        req[j].key = sh->keys[s][j];
+        req[j].buf = bufs + (size_t)j * sh->len;
+        req[j].cap = sh->len;
+      }
+      if (kvt_cache_get_many(sh->c, req, CHAIN, 4))
+        atomic_fetch_add(&sh->bad, 1);
+      for (int j = 0; j < CHAIN; j++) {
+        if (req[j].result == 0 && memcmp(req[j].buf, sh->payload[s][j], sh->len))
+          atomic_fetch_add(&sh->bad, 1);
+        else if (req[j].result && req[j].result != KVT_ENOTFOUND)
+          atomic_fetch_add(&sh->bad, 1);
+        else if (!req[j].result)
+          atomic_fetch_add(&sh->gets_ok, 1);
+      }
+      free(bufs);
     } else if (op < 9) {
       int rc = kvt_cache_del(sh->c, &sh->keys[s][i]);
       if (rc && rc != KVT_ENOTFOUND)

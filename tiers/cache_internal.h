@@ -111,4 +111,17 @@ int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len);
  * eviction. */
 void cache_drop_copy(kvt_cache *c, centry *e, int t, int kind);
 
+/* Gets (mu NOT held), shared by kvt_cache_get and kvt_cache_get_many.
+ * begin: the live entry for key, pinned and touched, or NULL (a miss,
+ * counted). read_copy: reads e's hottest copy into buf, *tier_out where it
+ * came from; handles a move racing the read, and a tier that lost the
+ * payload (a torn or corrupt file the nvme tier deleted): that copy is
+ * forgotten and the next is tried. end: checks what was read (r: the read's
+ * result), counts, promotes when promote_ok, unpins; returns the get's
+ * result. */
+centry *cache_get_begin(kvt_cache *c, const kvt_key *key);
+int cache_read_copy(kvt_cache *c, centry *e, void *buf, uint64_t cap, uint64_t *len,
+                    int *tier_out);
+int cache_get_end(kvt_cache *c, centry *e, void *buf, uint64_t got, int t, int r, int promote_ok);
+
 #endif

@@ -347,11 +347,8 @@ static void promote(kvt_cache *c, centry *e, int t, const void *buf) {
   pthread_mutex_unlock(&c->mu);
 }
 
-/* Reads e's hottest copy into buf; *tier_out is where it came from. Handles a
- * move racing the read, and a tier that lost the payload (a torn or corrupt
- * file the nvme tier deleted): that copy is forgotten and the next is tried. */
-static int read_copy(kvt_cache *c, centry *e, void *buf, uint64_t cap, uint64_t *len,
-                     int *tier_out) {
+int cache_read_copy(kvt_cache *c, centry *e, void *buf, uint64_t cap, uint64_t *len,
+                    int *tier_out) {
   int r = KVT_ENOTFOUND;
   for (int tries = 0; tries < GET_TRIES + c->ntiers; tries++) {
     pthread_mutex_lock(&c->mu);
@@ -379,16 +376,7 @@ static int read_copy(kvt_cache *c, centry *e, void *buf, uint64_t cap, uint64_t 
   return r;
 }
 
-int kvt_cache_get(kvt_cache *c, const kvt_key *key, void *buf, uint64_t cap, uint64_t *len,
-                  int *tier) {
-  uint64_t got = 0;
-  int t = -1;
-  if (len)
-    *len = 0;
-  if (tier)
-    *tier = -1;
-  if (!c || !key || (!buf && cap))
-    return -EINVAL;
+centry *cache_get_begin(kvt_cache *c, const kvt_key *key) {
   pthread_mutex_lock(&c->mu);
   c->total.gets++;
   centry *e = cache_find(c, key);
@@ -397,16 +385,18 @@ int kvt_cache_get(kvt_cache *c, const kvt_key *key, void *buf, uint64_t cap, uin
       c->t[i].n.misses++;
     c->total.misses++;
     pthread_mutex_unlock(&c->mu);
-    return KVT_ENOTFOUND;
+    return NULL;
   }
   e->busy++;
   cache_touch(c, e);
   pthread_mutex_unlock(&c->mu);
+  return e;
+}
 
-  int r = read_copy(c, e, buf, cap, &got, &t);
+int cache_get_end(kvt_cache *c, centry *e, void *buf, uint64_t got, int t, int r, int promote_ok) {
   int refused = 0;
   if (r == 0) {
-    r = check_payload(c, key, buf, got, (c->flags & KVT_CACHE_VERIFY) != 0, "get of");
+    r = check_payload(c, &e->key, buf, got, (c->flags & KVT_CACHE_VERIFY) != 0, "get of");
     refused = r != 0;
   }
   pthread_mutex_lock(&c->mu);
@@ -429,13 +419,31 @@ int kvt_cache_get(kvt_cache *c, const kvt_key *key, void *buf, uint64_t cap, uin
     c->t[t].n.errors++;
   }
   pthread_mutex_unlock(&c->mu);
-  if (r == 0 && t > 0 && !(c->flags & KVT_CACHE_NO_PROMOTE))
+  if (r == 0 && t > 0 && promote_ok && !(c->flags & KVT_CACHE_NO_PROMOTE))
     promote(c, e, t, buf);
   if (e) {
     pthread_mutex_lock(&c->mu);
     cache_unpin(c, e);
     pthread_mutex_unlock(&c->mu);
   }
+  return r;
+}
+
+int kvt_cache_get(kvt_cache *c, const kvt_key *key, void *buf, uint64_t cap, uint64_t *len,
+                  int *tier) {
+  uint64_t got = 0;
+  int t = -1;
+  if (len)
+    *len = 0;
+  if (tier)
+    *tier = -1;
+  if (!c || !key || (!buf && cap))
+    return -EINVAL;
+  centry *e = cache_get_begin(c, key);
+  if (!e)
+    return KVT_ENOTFOUND;
+  int r = cache_read_copy(c, e, buf, cap, &got, &t);
+  r = cache_get_end(c, e, buf, got, t, r, 1);
   if (len)
     *len = got;
   if (tier && (r == 0 || r == KVT_ENOBUFS))

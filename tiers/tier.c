@@ -298,16 +298,39 @@ int kvt_tier_poll(kvt_tier *t, kvt_tier_op **done, size_t max, int timeout_ms) {
   return (int)got;
 }
 
+int kvt_tier_submit_owned(kvt_tier *t, kvt_tier_op *const *ops, size_t n) {
+  return submit(t, ops, n > INT32_MAX ? INT32_MAX : n, ST_SYNC);
+}
+
+int kvt_tier_wait(kvt_tier *t, kvt_tier_op *op, int timeout_ms) {
+  if (!t || !op || !(op->status & ST_SYNC))
+    return -EINVAL;
+  struct timespec start;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  pthread_mutex_lock(&t->mu);
+  while (!(op->status & ST_DONE) && timeout_ms != 0) {
+    int left = -1;
+    if (timeout_ms > 0) {
+      struct timespec now;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      long ms = (now.tv_sec - start.tv_sec) * 1000L + (now.tv_nsec - start.tv_nsec) / 1000000L;
+      if (ms >= timeout_ms)
+        break;
+      left = (int)(timeout_ms - ms);
+    }
+    wait_step(t, left);
+  }
+  const int done = (op->status & ST_DONE) != 0;
+  pthread_mutex_unlock(&t->mu);
+  return done ? op->result : -ETIMEDOUT;
+}
+
 static int run_sync(kvt_tier *t, kvt_tier_op *op) {
   kvt_tier_op *one[1] = {op};
   int rc = submit(t, one, 1, ST_SYNC);
   if (rc < 0)
     return rc;
-  pthread_mutex_lock(&t->mu);
-  while (!(op->status & ST_DONE))
-    wait_step(t, -1);
-  pthread_mutex_unlock(&t->mu);
-  return op->result;
+  return kvt_tier_wait(t, op, -1);
 }
 
 int kvt_tier_put(kvt_tier *t, const kvt_key *key, const void *buf, uint64_t len) {

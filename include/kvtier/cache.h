@@ -116,6 +116,26 @@ KVT_API int kvt_cache_put(kvt_cache *cache, const kvt_key *key, const kvt_key *p
 KVT_API int kvt_cache_get(kvt_cache *cache, const kvt_key *key, void *buf, uint64_t cap,
                           uint64_t *len, int *tier);
 
+/* One get of kvt_cache_get_many(). */
+typedef struct kvt_cache_get_req {
+  kvt_key key;       /* in */
+  void *buf;         /* in: destination (4096-aligned lets the nvme tier read
+                        into it without a bounce copy) */
+  uint64_t cap;      /* in: capacity of buf */
+  uint64_t len;      /* out: the payload's length (also on KVT_ENOBUFS) */
+  int32_t result;    /* out: as kvt_cache_get() returns */
+  int32_t tier;      /* out: the tier that served it, -1 if none */
+} kvt_cache_get_req;
+
+/* Gets n payloads with up to max_in_flight reads outstanding per tier (0:
+ * 32), so a long prefix comes back from NVMe at the device's queue depth
+ * rather than one read at a time. Each request gets its own result, with
+ * the checks and counters of kvt_cache_get(); promotions, when on, run after
+ * all reads are done. Returns 0 once every request has a result, or -EINVAL
+ * (nothing done). */
+KVT_API int kvt_cache_get_many(kvt_cache *cache, kvt_cache_get_req *reqs, size_t n,
+                               uint32_t max_in_flight);
+
 /* How many leading tokens of tokens[0..n) are cached: walks the chained
  * chunk keys of the cache's fingerprint and counts full chunks held until the
  * first one that is not, and writes tokens (a multiple of chunk_tokens) to

@@ -114,6 +114,16 @@ KVT_API int kvt_tier_submit(kvt_tier *tier, kvt_tier_op *const *ops, size_t n);
  * flight. Each completed operation is returned by exactly one call. */
 KVT_API int kvt_tier_poll(kvt_tier *tier, kvt_tier_op **done, size_t max, int timeout_ms);
 
+/* For code that shares a tier with other pollers (the cache on many
+ * threads): operations submitted with kvt_tier_submit_owned() never reach
+ * kvt_tier_poll(); their submitter waits for each with kvt_tier_wait(), which
+ * returns the operation's result once it completed, or -ETIMEDOUT after
+ * timeout_ms (0: do not wait, -1: no limit; the operation stays in flight and
+ * must be waited for again before its memory is reused). Same returns as
+ * kvt_tier_submit() otherwise. */
+KVT_API int kvt_tier_submit_owned(kvt_tier *tier, kvt_tier_op *const *ops, size_t n);
+KVT_API int kvt_tier_wait(kvt_tier *tier, kvt_tier_op *op, int timeout_ms);
+
 /* Blocking helpers: submit one operation and wait for it. They return the
  * operation's result. get writes the value's length to *len (also on
  * KVT_ENOBUFS, so the caller can retry with a larger buffer); len may be

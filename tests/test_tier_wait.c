@@ -1,0 +1,106 @@
+/* tests/test_tier_wait.c - operations a caller owns (kvt_tier_submit_owned
+ * + kvt_tier_wait): they never reach kvt_tier_poll, so a library can share a
+ * tier with other pollers; a wait can time out and be repeated. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <errno.h>
+#include <string.h>
+
+#include "kvtier.h"
+
+static kvt_ctx *ctx;
+
+static int setup(void **state) {
+  (void)state;
+  return kvt_ctx_create(NULL, &ctx);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  kvt_ctx_destroy(ctx);
+  return 0;
+}
+
+static void test_tier_owned_ops_complete_to_their_waiter_only(void **state) {
+  (void)state;
+  kvt_tier *t;
+  assert_int_equal(kvt_tier_open(ctx, "dram:1MiB", &t), 0);
+  uint8_t val[100], back[100];
+  memset(val, 7, sizeof(val));
+  kvt_key k = {{1, 2, 3}};
+  kvt_tier_op put, get, other;
+  kvt_tier_op_init(&put, KVT_TIER_PUT, &k, val, sizeof(val), 1);
+  kvt_tier_op *p = &put;
+  assert_int_equal(kvt_tier_submit_owned(t, &p, 1), 1);
+  assert_int_equal(kvt_tier_wait(t, &put, -1), 0);
+  kvt_tier_op_init(&get, KVT_TIER_GET, &k, back, sizeof(back), 2);
+  p = &get;
+  assert_int_equal(kvt_tier_submit_owned(t, &p, 1), 1);
+  /* A poller sees nothing of it. */
+  kvt_tier_op *done[4];
+  assert_int_equal(kvt_tier_poll(t, done, 4, 0), 0);
+  assert_int_equal(kvt_tier_wait(t, &get, -1), 0);
+  assert_int_equal(get.out_len, sizeof(val));
+  assert_memory_equal(back, val, sizeof(val));
+  /* A polled operation cannot be waited for. */
+  kvt_tier_op_init(&other, KVT_TIER_QUERY, &k, NULL, 0, 3);
+  p = &other;
+  assert_int_equal(kvt_tier_submit(t, &p, 1), 1);
+  assert_int_equal(kvt_tier_wait(t, &other, -1), -EINVAL);
+  assert_int_equal(kvt_tier_poll(t, done, 4, -1), 1);
+  assert_ptr_equal(done[0], &other);
+  kvt_tier_close(t);
+}
+
+/* A backend that holds every operation until the test completes it. */
+static kvt_tier *held_tier;
+static kvt_tier_op *held_op;
+
+static int held_open(kvt_ctx *c, const char *args, kvt_tier *tier, void **state) {
+  (void)c, (void)args;
+  held_tier = tier;
+  *state = NULL;
+  return 0;
+}
+static void held_close(void *state) { (void)state; }
+static int held_submit(void *state, kvt_tier_op *op) {
+  (void)state;
+  held_op = op;
+  return 0;
+}
+
+static void test_tier_wait_times_out_and_can_wait_again(void **state) {
+  (void)state;
+  static const kvt_tier_backend held = {KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "held",
+                                        held_open, held_close, held_submit, NULL, NULL, NULL};
+  kvt_tier *t;
+  assert_int_equal(kvt_tier_open_backend(ctx, &held, "", &t), 0);
+  kvt_key k = {{9}};
+  kvt_tier_op q;
+  kvt_tier_op_init(&q, KVT_TIER_QUERY, &k, NULL, 0, 0);
+  kvt_tier_op *p = &q;
+  assert_int_equal(kvt_tier_submit_owned(t, &p, 1), 1);
+  assert_ptr_equal(held_op, &q);
+  assert_int_equal(kvt_tier_wait(t, &q, 0), -ETIMEDOUT);
+  assert_int_equal(kvt_tier_wait(t, &q, 30), -ETIMEDOUT);
+  q.result = KVT_ENOTFOUND;
+  kvt_tier_complete(held_tier, &q);
+  assert_int_equal(kvt_tier_wait(t, &q, 0), KVT_ENOTFOUND);
+  assert_int_equal(kvt_tier_wait(t, &q, -1), KVT_ENOTFOUND);
+  assert_int_equal(kvt_tier_wait(NULL, &q, 0), -EINVAL);
+  kvt_tier_close(t);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_tier_owned_ops_complete_to_their_waiter_only, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_tier_wait_times_out_and_can_wait_again, setup,
+                                      teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <time.h>
 
 #include "cache_test_util.h"
 
@@ -559,6 +560,42 @@ static void test_cache_get_many_promotes_after_reading(void **state) {
   kvt_cache_close(c);
 }
 
+static void test_cache_background_mover_keeps_headroom(void **state) {
+  (void)state;
+  char d[64], spec[160];
+  snprintf(spec, sizeof(spec), "%s;dram:1MiB", dram_for(d, sizeof(d), 10));
+  kvt_cache_config cfg = KVT_CACHE_CONFIG_INIT;
+  cfg.tiers = spec;
+  cfg.fingerprint = &fx->fp;
+  cfg.chunk_tokens = CT_TOKENS;
+  cfg.flags = KVT_CACHE_BACKGROUND;
+  cfg.headroom_pct = 30;
+  kvt_cache *c;
+  assert_int_equal(kvt_cache_open(fx->ctx, &cfg, &c), 0);
+  kvt_key k[12];
+  for (uint32_t i = 0; i < 12; i++) {
+    chain_keys(&fx->fp, 1600 + i, 1, &k[i]);
+    put_chain(c, &k[i], 0, 1, 0);
+  }
+  /* The mover brings the top tier under 70% of 10 payloads: 7 or fewer. */
+  kvt_cache_stats s0;
+  for (int tries = 0; tries < 200; tries++) {
+    s0 = stats(c, 0);
+    if (s0.used <= s0.capacity - s0.capacity / 100 * 30)
+      break;
+    struct timespec ts = {0, 10 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  assert_true(s0.used <= s0.capacity - s0.capacity / 100 * 30);
+  assert_true(s0.items <= 7);
+  assert_true(s0.demotions >= 5);
+  for (int i = 0; i < 12; i++)
+    get_check(c, &k[i]);
+  kvt_cache_close(c);
+  cfg.headroom_pct = 95;
+  assert_int_equal(kvt_cache_open(fx->ctx, &cfg, &c), -EINVAL);
+}
+
 static void test_cache_open_rejects_bad_configs(void **state) {
   (void)state;
   kvt_cache_config cfg = KVT_CACHE_CONFIG_INIT;
@@ -617,6 +654,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cache_get_many_reads_a_chain_from_both_tiers, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cache_get_many_promotes_after_reading, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cache_background_mover_keeps_headroom, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_cache_open_rejects_bad_configs, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -375,6 +375,7 @@ int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len) {
       cache_add_copy(c, e, u, e->stamp);
       T->n.puts++;
       T->n.bytes_in += len;
+      cache_mover_poke(c, u);
       pthread_mutex_unlock(&c->mu);
       return 0;
     }
@@ -387,5 +388,81 @@ int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len) {
     if (r != -ENOSPC || attempt + 1 >= PLACE_RETRIES)
       return r;
     force = attempt + 1;
+  }
+}
+
+/* ---- background mover ----------------------------------------------------- */
+
+/* The fill above which tier u is worked on: capacity less the headroom. */
+static uint64_t mark_of(const kvt_cache *c, int u) {
+  const uint64_t cap = c->t[u].capacity;
+  return cap - cap / 100 * c->headroom_pct;
+}
+
+void cache_mover_poke(kvt_cache *c, int u) {
+  if (c->mover_on && u + 1 < c->ntiers && c->t[u].used > mark_of(c, u))
+    pthread_cond_signal(&c->mover_cv);
+}
+
+/* Takes victims from the first upper tier over its mark (mu held); returns
+ * the tier, or -1 when every tier is under its mark. */
+static int mover_pick(kvt_cache *c, centry **victims, int *nv) {
+  for (int u = 0; u + 1 < c->ntiers; u++) {
+    ctier *T = &c->t[u];
+    c->mark_gen++; /* no payload is being placed: no ancestor to spare */
+    while (T->used > mark_of(c, u) && *nv < VICTIMS_MAX) {
+      centry *v = pick_victim(c, u);
+      if (!v || v == REFUSE)
+        break;
+      v->busy++;
+      v->moving = 1;
+      T->used -= cache_cost(c, u, v->len);
+      victims[(*nv)++] = v;
+    }
+    if (*nv)
+      return u;
+  }
+  return -1;
+}
+
+static void *mover_main(void *arg) {
+  kvt_cache *c = arg;
+  pthread_mutex_lock(&c->mu);
+  while (!c->mover_stop) {
+    centry *victims[VICTIMS_MAX];
+    int nv = 0;
+    const int u = mover_pick(c, victims, &nv);
+    if (u < 0) {
+      pthread_cond_wait(&c->mover_cv, &c->mu);
+      continue;
+    }
+    c->mover_runs++;
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < nv; i++)
+      demote(c, victims[i], u);
+    pthread_mutex_lock(&c->mu);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+int cache_mover_start(kvt_cache *c) {
+  if (!(c->flags & KVT_CACHE_BACKGROUND) || c->ntiers < 2)
+    return 0;
+  int r = pthread_create(&c->mover, NULL, mover_main, c);
+  if (r)
+    return -r;
+  c->mover_on = 1;
+  return 0;
+}
+
+void cache_mover_stop(kvt_cache *c) {
+  if (c->mover_on) {
+    pthread_mutex_lock(&c->mu);
+    c->mover_stop = 1;
+    pthread_cond_signal(&c->mover_cv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->mover, NULL);
+    c->mover_on = 0;
   }
 }

@@ -69,6 +69,13 @@ struct kvt_cache {
    * does not allocate once warm). */
   void *spare[CACHE_SPARE_BUFS];
   uint64_t spare_cap[CACHE_SPARE_BUFS];
+  /* KVT_CACHE_BACKGROUND: the mover thread keeps headroom_pct of each upper
+   * tier free; woken through mover_cv, stopped by mover_stop. */
+  int mover_on, mover_stop;
+  uint32_t headroom_pct;
+  pthread_t mover;
+  pthread_cond_t mover_cv;
+  uint64_t mover_runs; /* times it moved something (tests, stats) */
 };
 
 #define TBIT(t) (1u << (t))
@@ -98,6 +105,13 @@ void cache_touch(kvt_cache *c, centry *e);
 void cache_add_copy(kvt_cache *c, centry *e, int t, uint64_t old_stamp);
 /* Forgets tier t's copy (bit, items, LRU; not used). */
 void cache_forget_copy(kvt_cache *c, centry *e, int t);
+
+/* The background mover (tiers/cache.c): start at open, stop before the
+ * tiers close; cache_mover_poke (mu held) wakes it when tier u passed its
+ * mark. */
+int cache_mover_start(kvt_cache *c);
+void cache_mover_stop(kvt_cache *c);
+void cache_mover_poke(kvt_cache *c, int u);
 
 /* Frees the spare buffers (close). */
 void cache_spares_free(kvt_cache *c);

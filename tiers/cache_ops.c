@@ -119,6 +119,7 @@ static int open_tiers(kvt_cache *c, const char *list) {
 void kvt_cache_close(kvt_cache *c) {
   if (!c)
     return;
+  cache_mover_stop(c);
   for (int t = 0; t < c->ntiers; t++)
     kvt_tier_close(c->t[t].tier);
   for (size_t i = 0; c->buckets && i < c->nbuckets; i++) {
@@ -129,6 +130,7 @@ void kvt_cache_close(kvt_cache *c) {
   }
   kvt_dealloc(c->ctx, c->buckets);
   cache_spares_free(c);
+  pthread_cond_destroy(&c->mover_cv);
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->mu);
   kvt_dealloc(c->ctx, c);
@@ -137,8 +139,11 @@ void kvt_cache_close(kvt_cache *c) {
 int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
   if (!ctx || !cfg || !out || cfg->struct_size < sizeof(kvt_cache_config) || !cfg->tiers)
     return kvt_fail(ctx, -EINVAL, "cache: need a context, a config with tiers and an out pointer");
-  if (cfg->flags & ~(uint32_t)(KVT_CACHE_WRITE_THROUGH | KVT_CACHE_NO_PROMOTE | KVT_CACHE_VERIFY))
+  if (cfg->flags & ~(uint32_t)(KVT_CACHE_WRITE_THROUGH | KVT_CACHE_NO_PROMOTE | KVT_CACHE_VERIFY |
+                               KVT_CACHE_BACKGROUND))
     return kvt_fail(ctx, -EINVAL, "cache: unknown flags %#x", cfg->flags);
+  if (cfg->headroom_pct > 90)
+    return kvt_fail(ctx, -EINVAL, "cache: headroom_pct %u: at most 90", cfg->headroom_pct);
   kvt_clear_error(ctx);
   kvt_cache *c = kvt_alloc(ctx, sizeof(*c), _Alignof(kvt_cache));
   if (!c)
@@ -147,8 +152,10 @@ int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
   c->ctx = ctx;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
+  pthread_cond_init(&c->mover_cv, NULL);
   c->chunk_tokens = cfg->chunk_tokens ? cfg->chunk_tokens : 256;
   c->flags = cfg->flags;
+  c->headroom_pct = cfg->headroom_pct ? cfg->headroom_pct : 10;
   if (cfg->fingerprint) {
     c->has_fp = 1;
     c->fp = *cfg->fingerprint;
@@ -170,6 +177,8 @@ int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
     else if (lr && lr != KVT_ENOTSUP)
       r = kvt_fail(ctx, lr, "cache: listing %s failed", kvt_tier_spec(c->t[t].tier));
   }
+  if (!r && (r = cache_mover_start(c)) != 0)
+    kvt_fail(ctx, r, "cache: cannot start the background mover thread");
   if (r) {
     kvt_cache_close(c);
     return r;

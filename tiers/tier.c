@@ -303,11 +303,15 @@ int kvt_tier_submit_owned(kvt_tier *t, kvt_tier_op *const *ops, size_t n) {
 }
 
 int kvt_tier_wait(kvt_tier *t, kvt_tier_op *op, int timeout_ms) {
-  if (!t || !op || !(op->status & ST_SYNC))
+  if (!t || !op)
     return -EINVAL;
   struct timespec start;
   clock_gettime(CLOCK_MONOTONIC, &start);
-  pthread_mutex_lock(&t->mu);
+  pthread_mutex_lock(&t->mu); /* the completing thread writes status under it */
+  if (!(op->status & ST_SYNC)) {
+    pthread_mutex_unlock(&t->mu);
+    return -EINVAL;
+  }
   while (!(op->status & ST_DONE) && timeout_ms != 0) {
     int left = -1;
     if (timeout_ms > 0) {

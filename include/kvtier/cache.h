@@ -41,7 +41,9 @@
  * kvt_cache_open() leaves detail in the context.
  *
  * Data movement is synchronous in the calling thread: a put that needs
- * demotions, or a get that promotes, does that I/O before it returns.
+ * demotions, or a get that promotes, does that I/O before it returns. With
+ * KVT_CACHE_BACKGROUND a thread of the cache also demotes ahead of need, so
+ * a put into a nearly full tier seldom waits for the tier below.
  * Demotions copy through up to four payload-sized buffers that the cache
  * keeps for the next ones (host memory beyond the tiers' capacities). */
 #ifndef KVTIER_CACHE_H
@@ -65,7 +67,8 @@ typedef struct kvt_cache kvt_cache;
 enum kvt_cache_flags {
   KVT_CACHE_WRITE_THROUGH = 1u << 0, /* puts also go to the persistent tiers below */
   KVT_CACHE_NO_PROMOTE = 1u << 1,    /* hits in lower tiers stay where they are */
-  KVT_CACHE_VERIFY = 1u << 2         /* gets check every section checksum */
+  KVT_CACHE_VERIFY = 1u << 2,        /* gets check every section checksum */
+  KVT_CACHE_BACKGROUND = 1u << 3     /* a thread of the cache demotes ahead of need */
 };
 
 typedef struct kvt_cache_config {
@@ -81,9 +84,14 @@ typedef struct kvt_cache_config {
   const kvt_key *fingerprint;
   uint32_t chunk_tokens;        /* tokens per chunk for kvt_cache_lookup(); 0: 256 */
   uint32_t flags;               /* enum kvt_cache_flags */
+  /* With KVT_CACHE_BACKGROUND: once a tier above the bottom is fuller than
+   * (100 - headroom_pct)% of its capacity, a thread of the cache demotes its
+   * coldest payloads until it is back under that mark, so puts seldom wait
+   * for a write to the tier below. 0: 10. */
+  uint32_t headroom_pct;
 } kvt_cache_config;
 
-#define KVT_CACHE_CONFIG_INIT { sizeof(kvt_cache_config), NULL, NULL, 256, 0 }
+#define KVT_CACHE_CONFIG_INIT { sizeof(kvt_cache_config), NULL, NULL, 256, 0, 0 }
 
 /* Opens every tier and builds the index from what the persistent tiers hold
  * (their payloads are found again, without parent links until a lookup

@@ -6,6 +6,7 @@
  *   kvtier/payload.h  encode, validate and decode payloads
  *   kvtier/tier.h     storage tiers (DRAM, NVMe), completion-based
  *   kvtier/cache.h    the cache: placement across tiers, eviction, prefix lookup
+ *   kvtier/model.h    the bandwidth model: KV bytes, link shortfall, fits, advice
  *
  * Compiles as C (C99 or later) and C++; includes no CUDA header. */
 #ifndef KVTIER_H
@@ -17,5 +18,6 @@
 #include "kvtier/payload.h"
 #include "kvtier/tier.h"
 #include "kvtier/cache.h"
+#include "kvtier/model.h"
 
 #endif

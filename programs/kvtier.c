@@ -5,6 +5,8 @@
 
 #include "cli_util.h"
 
+int cli_project_main(int argc, char **argv); /* programs/cli_project.c */
+
 
 static const char usage[] =
     "Usage: kvtier COMMAND [OPTIONS]    ('kvtier COMMAND --help' for its options)\n"
@@ -21,6 +23,8 @@ static const char usage[] =
     "  bench codec  single-thread encode/decode throughput against memcpy\n"
     "  bench tier   tier PUT/GET throughput against memcpy (dram) or fio (nvme)\n"
     "  store        put, get, rm, ls and stats on one storage tier (--tiers SPEC)\n"
+    "  project      the bandwidth model: KV bytes per token and step, link shortfall,\n"
+    "               break-even, ITL and saturation fits, placement advice\n"
     "\n"
     "Codec specs:\n"
     "  raw | k16v8 | fp8 | int8 | k16v4 | k8v4 | int4, or the general form\n"
@@ -60,7 +64,7 @@ int main(int argc, char **argv) {
   } cmds[] = {
       {"encode", cli_encode_main}, {"decode", cli_decode_main}, {"inspect", cli_inspect_main},
       {"verify", cli_verify_main}, {"demo", cli_demo_main},     {"bench", cli_bench_main},
-      {"store", cli_store_main},
+      {"store", cli_store_main},        {"project", cli_project_main},
   };
   if (argc < 2) {
     fputs(usage, stderr);

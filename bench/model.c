@@ -369,8 +369,13 @@ int kvt_advise(kvt_ctx *ctx, const kvt_model_arch *m, const kvt_kv_rate *r,
   out->sequences_fit = out->seq_bytes > 0 ? floor(c->hbm_free_bytes / out->seq_bytes) : INFINITY;
   out->batch_fits = out->sequences_fit >= c->batch;
   out->prefill_flops = kvt_prefill_flops(m, c->context);
-  out->prefill_s = out->prefill_flops / (tflops * 1e12 * mfu);
+  out->prefill_s = kvt_prefill_seconds(m, c->context, tflops, mfu);
   return 0;
+}
+
+double kvt_prefill_seconds(const kvt_model_arch *m, double tokens, double tflops, double mfu) {
+  const double t = tflops > 0 ? tflops : 989.0, f = mfu > 0 ? mfu : 0.5;
+  return kvt_prefill_flops(m, tokens) / (t * 1e12 * f);
 }
 
 double kvt_restore_seconds(double bytes, double link_Bps, double efficiency) {

@@ -147,6 +147,18 @@ static int exercise(dc *d, uint64_t cap) {
   r->lookup_us = (cli_now() - t) * 1e6;
   if (rc)
     return cli_error("demo: cache lookup: %s", kvt_strerror(rc)), CLI_EFAIL;
+  /* Restore or recompute? The bandwidth model's answer for this prefix; the
+   * recompute side needs the model's weights, so only for the default
+   * (Llama-3.1-8B) shape. */
+  kvt_model_arch arch;
+  const demo_cache_in *in = d->in;
+  r->plan_model = in->layers == 32 && in->heads == 8 && in->head_dim == 128 &&
+                  kvt_model_preset("llama-3.1-8b", &arch) == 0;
+  r->plan.struct_size = sizeof(r->plan);
+  rc = kvt_cache_plan_restore(d->cache, d->ids, in->tokens, r->plan_model ? &arch : NULL, 0, 0,
+                              &r->plan);
+  if (rc)
+    return cli_error("demo: cache plan: %s", kvt_strerror(rc)), CLI_EFAIL;
   /* Where each chunk is, before any read moves it. */
   int *where = malloc(r->chunks * sizeof(int));
   if (!where)
@@ -274,6 +286,17 @@ void demo_cache_print_text(const demo_cache_result *r) {
   }
   printf("       put all chunks in order: %.3f s; lookup: %zu tokens cached, %.1f us\n", r->put_s,
          r->cached_tokens, r->lookup_us);
+  const kvt_cache_plan *p = &r->plan;
+  printf("       restore plan (kvt_cache_plan_restore): %.1f MiB from dram over %.0f GB/s +\n"
+         "       %.1f MiB from nvme over %.0f GB/s = %.1f ms",
+         (double)p->tier_bytes[0] / 1048576.0, p->link_GBps[0],
+         (double)p->tier_bytes[1] / 1048576.0, p->link_GBps[1], p->restore_s * 1e3);
+  if (r->plan_model)
+    printf("; recomputing the prefill: %.1f ms\n       (Llama-3.1-8B FLOP model at 989 TFLOP/s x "
+           "0.5 MFU): %s\n",
+           p->recompute_s * 1e3, p->restore_pays ? "restoring pays" : "recomputing is faster");
+  else
+    printf("\n");
   printf("       where each chunk was (and was read from):\n");
   for (uint32_t i = 0; i < r->nranges; i++)
     printf("         chunks %4u-%-4u  %s\n", r->r_first[i], r->r_last[i],
@@ -307,7 +330,11 @@ void demo_cache_print_json(const demo_cache_result *r) {
   for (uint32_t i = 0; i < r->nranges; i++)
     printf("%s{\"first\": %u, \"last\": %u, \"tier\": %d}", i ? ", " : "", r->r_first[i],
            r->r_last[i], r->r_tier[i]);
-  printf("],\n   \"tiers\": [");
+  printf("],\n   \"plan\": {\"restore_s\": %.6f, \"recompute_s\": %.6f, \"restore_pays\": %s, "
+         "\"link_GBps\": [%.1f, %.1f]}",
+         r->plan.restore_s, r->plan.recompute_s, r->plan.restore_pays ? "true" : "false",
+         r->plan.link_GBps[0], r->plan.link_GBps[1]);
+  printf(",\n   \"tiers\": [");
   for (int t = 0; t < r->ntiers; t++) {
     printf("%s{\"spec\": ", t ? ", " : "");
     cli_json_str(stdout, r->t[t].spec);

@@ -38,6 +38,8 @@ typedef struct demo_cache_result {
   uint32_t nranges, r_first[DEMO_CACHE_RANGES], r_last[DEMO_CACHE_RANGES];
   int r_tier[DEMO_CACHE_RANGES];
   uint32_t verified;       /* chunks read back byte-identical to what was put */
+  kvt_cache_plan plan;     /* restore vs recompute of the cached prefix */
+  int plan_model;          /* 1: recompute estimated with the llama-3.1-8b preset */
 } demo_cache_result;
 
 /* Runs the section; returns 0, or a CLI exit code after printing why. A

@@ -596,6 +596,50 @@ static void test_cache_background_mover_keeps_headroom(void **state) {
   assert_int_equal(kvt_cache_open(fx->ctx, &cfg, &c), -EINVAL);
 }
 
+static void test_cache_plan_restore_uses_the_bandwidth_model(void **state) {
+  (void)state;
+  char d[64], spec[512];
+  snprintf(spec, sizeof(spec), "%s;nvme:%s/plan:4MiB", dram_for(d, sizeof(d), 3), fx->dir);
+  kvt_cache_config cfg = KVT_CACHE_CONFIG_INIT;
+  cfg.tiers = spec;
+  cfg.fingerprint = &fx->fp;
+  cfg.chunk_tokens = CT_TOKENS;
+  cfg.links = "pcie5-x16;2.5"; /* a preset, then GB/s */
+  kvt_cache *c;
+  assert_int_equal(kvt_cache_open(fx->ctx, &cfg, &c), 0);
+  kvt_key a[5];
+  chain_keys(&fx->fp, 1700, 5, a);
+  put_chain(c, a, 0, 5, 0); /* 3 in dram, 2 on nvme */
+  uint32_t *tok = seq_tokens(1700, 6);
+  kvt_model_arch m;
+  assert_int_equal(kvt_model_preset("llama-3.1-8b", &m), 0);
+  kvt_cache_plan p;
+  memset(&p, 0, sizeof(p));
+  p.struct_size = sizeof(p);
+  assert_int_equal(kvt_cache_plan_restore(c, tok, 6 * CT_TOKENS, &m, 0, 0, &p), 0);
+  assert_int_equal(p.cached_tokens, 5 * CT_TOKENS);
+  assert_int_equal(p.tier_bytes[0], 3 * plen);
+  assert_int_equal(p.tier_bytes[1], 2 * plen);
+  assert_true(p.link_GBps[0] == 64.0 && p.link_GBps[1] == 2.5);
+  const double want = kvt_restore_seconds(3.0 * (double)plen, 64e9, 1) +
+                      kvt_restore_seconds(2.0 * (double)plen, 2.5e9, 1);
+  assert_true(p.restore_s > want * 0.999999 && p.restore_s < want * 1.000001);
+  const double rc = kvt_prefill_seconds(&m, 5.0 * CT_TOKENS, 0, 0);
+  assert_true(p.recompute_s == rc);
+  assert_int_equal(p.restore_pays, p.restore_s < rc);
+  /* Nothing was touched: the plan is a query. */
+  assert_int_equal(stats(c, -1).lookups, 0);
+  assert_int_equal(kvt_cache_plan_restore(c, tok, 6 * CT_TOKENS, NULL, 0, 0, &p), 0);
+  assert_true(p.recompute_s == 0 && !p.restore_pays);
+  free(tok);
+  kvt_cache_close(c);
+  cfg.links = "pcie5-x16;warp-drive";
+  assert_int_equal(kvt_cache_open(fx->ctx, &cfg, &c), -EINVAL);
+  assert_non_null(strstr(kvt_ctx_last_error(fx->ctx), "warp-drive"));
+  cfg.links = "1;2;3";
+  assert_int_equal(kvt_cache_open(fx->ctx, &cfg, &c), -EINVAL);
+}
+
 static void test_cache_open_rejects_bad_configs(void **state) {
   (void)state;
   kvt_cache_config cfg = KVT_CACHE_CONFIG_INIT;
@@ -655,6 +699,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cache_get_many_promotes_after_reading, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cache_background_mover_keeps_headroom, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cache_plan_restore_uses_the_bandwidth_model, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cache_open_rejects_bad_configs, setup, teardown),
   };

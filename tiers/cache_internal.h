@@ -48,6 +48,7 @@ typedef struct ctier {
   uint64_t used;     /* bytes held or reserved by a put in progress, as the
                         tier counts them (cache_cost) */
   uint64_t items;
+  double link_Bps;   /* to the GPU, for kvt_cache_plan_restore */
   cnode lru;         /* sentinel: next is the hottest, prev the coldest */
   kvt_cache_stats n; /* hits ... errors */
 } ctier;
@@ -112,6 +113,9 @@ void cache_forget_copy(kvt_cache *c, centry *e, int t);
 int cache_mover_start(kvt_cache *c);
 void cache_mover_stop(kvt_cache *c);
 void cache_mover_poke(kvt_cache *c, int u);
+
+/* Sets each tier's link from config.links or its scheme (tiers/cache_plan.c). */
+int cache_links_set(kvt_cache *c, const char *links);
 
 /* Frees the spare buffers (close). */
 void cache_spares_free(kvt_cache *c);

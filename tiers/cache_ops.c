@@ -177,6 +177,8 @@ int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
     else if (lr && lr != KVT_ENOTSUP)
       r = kvt_fail(ctx, lr, "cache: listing %s failed", kvt_tier_spec(c->t[t].tier));
   }
+  if (!r)
+    r = cache_links_set(c, cfg->links);
   if (!r && (r = cache_mover_start(c)) != 0)
     kvt_fail(ctx, r, "cache: cannot start the background mover thread");
   if (r) {

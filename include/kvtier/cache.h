@@ -54,6 +54,7 @@
 
 #include "kvtier/core.h"
 #include "kvtier/key.h"
+#include "kvtier/model.h"
 #include "kvtier/tier.h"
 
 #ifdef __cplusplus
@@ -89,9 +90,15 @@ typedef struct kvt_cache_config {
    * coldest payloads until it is back under that mark, so puts seldom wait
    * for a write to the tier below. 0: 10. */
   uint32_t headroom_pct;
+  /* The link from each tier to the GPU, for kvt_cache_plan_restore(): ';'
+   * separated, one per tier, each a link preset of kvtier/model.h
+   * ("pcie5-x16", "nvme-gen5-x4") or GB/s ("55.6", measured). NULL, or an
+   * empty entry: pcie5-x16 for dram, nvme-gen4 for nvme, 25 GB/s (rdma-200g)
+   * for the remote tiers to come. */
+  const char *links;
 } kvt_cache_config;
 
-#define KVT_CACHE_CONFIG_INIT { sizeof(kvt_cache_config), NULL, NULL, 256, 0, 0 }
+#define KVT_CACHE_CONFIG_INIT { sizeof(kvt_cache_config), NULL, NULL, 256, 0, 0, NULL }
 
 /* Opens every tier and builds the index from what the persistent tiers hold
  * (their payloads are found again, without parent links until a lookup
@@ -157,6 +164,27 @@ KVT_API int kvt_cache_lookup(kvt_cache *cache, const uint32_t *tokens, size_t n,
  * leading keys held, in *hits. */
 KVT_API int kvt_cache_lookup_keys(kvt_cache *cache, const kvt_key *keys, size_t n,
                                   size_t *hits);
+
+/* Whether loading a cached prefix beats recomputing it: the bandwidth
+ * model's functions (kvtier/model.h) applied to where the prefix lies. */
+typedef struct kvt_cache_plan {
+  size_t struct_size;       /* sizeof(kvt_cache_plan) */
+  size_t cached_tokens;     /* as kvt_cache_lookup() */
+  uint64_t tier_bytes[KVT_CACHE_MAX_TIERS]; /* payload bytes of the prefix,
+                                               by the hottest tier holding each chunk */
+  double link_GBps[KVT_CACHE_MAX_TIERS];    /* the links used (config.links) */
+  double restore_s;         /* sum of kvt_restore_seconds(tier_bytes, link) */
+  double recompute_s;       /* kvt_prefill_seconds(model, cached_tokens, ...); 0 without a model */
+  int restore_pays;         /* model given and restore_s < recompute_s */
+} kvt_cache_plan;
+
+/* Fills *out for the leading chunks of tokens[0..n) that are cached, like a
+ * lookup but without touching anything. model may be NULL (no recompute
+ * estimate); tflops and mfu as kvt_prefill_seconds() (0: its defaults).
+ * Returns 0 or -EINVAL (no fingerprint configured, bad arguments). */
+KVT_API int kvt_cache_plan_restore(kvt_cache *cache, const uint32_t *tokens, size_t n,
+                                   const kvt_model_arch *model, double tflops, double mfu,
+                                   kvt_cache_plan *out);
 
 /* Length of the payload under key and the hottest tier holding it (either
  * pointer may be NULL); no touch. Returns 0 or KVT_ENOTFOUND. */

@@ -245,6 +245,11 @@ KVT_API int kvt_fit_hill(kvt_ctx *ctx, const double *batch, const double *speedu
  * windowed layer. */
 KVT_API double kvt_prefill_flops(const kvt_model_arch *m, double tokens);
 
+/* kvt_prefill_flops() / (tflops x 1e12 x mfu): seconds to recompute the
+ * prefill of tokens tokens (tflops 0: 989, H100 SXM dense bf16; mfu 0: 0.5). */
+KVT_API double kvt_prefill_seconds(const kvt_model_arch *m, double tokens, double tflops,
+                                   double mfu);
+
 typedef struct kvt_advice_config {
   size_t struct_size;    /* sizeof(kvt_advice_config) */
   double hbm_free_bytes; /* HBM left for KV after weights and activations */

@@ -17,8 +17,8 @@
  * element are never tabulated here: kvt_kv_rate_get() asks the codec
  * (kvt_encode_bound(), kvtier/payload.h) what a chunk of each layer encodes
  * to, so this model and the payloads the library writes cannot disagree.
- * The cache manager uses these same functions to decide what must stay in
- * HBM and whether restoring a prefix beats recomputing it.
+ * The cache uses these same functions to say whether restoring a cached
+ * prefix beats recomputing it (kvt_cache_plan_restore in kvtier/cache.h).
  *
  * Units: bytes, seconds and bytes per second unless a name says otherwise
  * (GB = 1e9 bytes). Everything here is pure computation on the caller's

@@ -101,9 +101,46 @@ void cache_maybe_free(kvt_cache *c, centry *e) {
 
 void cache_unpin(kvt_cache *c, centry *e) {
   e->busy--;
-  if (e->state == E_DOOMED)
+  if (e->state == E_DOOMED) {
     pthread_cond_broadcast(&c->cv);
+    if (e->busy || e->moving)
+      return; /* a delete waiting for its turn, or a mover, finishes it */
+    e->busy = 1; /* ours while the copies go */
+    cache_remove_copies(c, e);
+    e->busy = 0;
+    if (e->mask) { /* a tier would not let go: keep it, visible again */
+      e->state = E_LIVE;
+      pthread_cond_broadcast(&c->cv);
+    } else {
+      cache_entry_free(c, e);
+    }
+    return;
+  }
   cache_maybe_free(c, e);
+}
+
+int cache_remove_copies(kvt_cache *c, centry *e) {
+  const uint32_t mask = e->mask;
+  pthread_mutex_unlock(&c->mu);
+  uint32_t failed = 0;
+  int err = 0;
+  for (int t = 0; t < c->ntiers; t++) {
+    const int r = (mask & TBIT(t)) ? kvt_tier_del(c->t[t].tier, &e->key) : 0;
+    if (r && r != KVT_ENOTFOUND) {
+      failed |= TBIT(t);
+      err = err ? err : r;
+    }
+  }
+  pthread_mutex_lock(&c->mu);
+  for (int t = 0; t < c->ntiers; t++) {
+    if (failed & TBIT(t)) {
+      c->t[t].n.errors++;
+    } else if (mask & TBIT(t)) {
+      c->t[t].used -= cache_cost(c, t, e->len);
+      cache_forget_copy(c, e, t);
+    }
+  }
+  return err;
 }
 
 /* ---- LRU -----------------------------------------------------------------
@@ -191,7 +228,7 @@ static centry *pick_victim(kvt_cache *c, int t) {
     centry *v = entry_of(n, t);
     if (v->mark == c->mark_gen)
       return REFUSE;
-    if (v->busy || v->moving)
+    if (v->busy || v->moving || v->skip == c->mark_gen)
       continue;
     if (!has_near_child(v, t))
       return v;
@@ -201,11 +238,20 @@ static centry *pick_victim(kvt_cache *c, int t) {
   return fallback;
 }
 
-static void mark_ancestors(kvt_cache *c, const centry *e) {
+/* A new generation of marks (mu held): e's ancestors refuse (e must not
+ * displace them), guard and its ancestors are skipped (the placement that
+ * started this cascade must not lose them either). */
+static void mark_ancestors(kvt_cache *c, const centry *e, const centry *guard) {
   c->mark_gen++;
   int depth = 0;
   for (centry *p = e->parent; p && depth < ANCESTOR_MAX; p = p->parent, depth++)
     p->mark = c->mark_gen;
+  if (!guard || guard == e)
+    return;
+  ((centry *)guard)->skip = c->mark_gen;
+  depth = 0;
+  for (centry *p = guard->parent; p && depth < ANCESTOR_MAX; p = p->parent, depth++)
+    p->skip = c->mark_gen;
 }
 
 /* Reserves len bytes in tier u for e (mu held), choosing victims until the
@@ -213,20 +259,29 @@ static void mark_ancestors(kvt_cache *c, const centry *e) {
  * moving and their bytes released from used; the caller moves them out.
  * Returns 0 with the reservation made, -EAGAIN when *nv reached VICTIMS_MAX
  * (move those and call again; nothing reserved), or -ENOSPC (nothing
- * reserved; victims already taken are still the caller's to move). */
-static int make_room(kvt_cache *c, centry *e, int u, uint64_t len, int force, centry **victims,
-                     int *nv) {
+ * reserved, and no victim taken). */
+static int make_room(kvt_cache *c, centry *e, const centry *guard, int u, uint64_t len,
+                     int force, centry **victims, int *nv) {
   ctier *T = &c->t[u];
-  mark_ancestors(c, e);
+  mark_ancestors(c, e, guard);
   uint64_t need = cache_cost(c, u, len);
+  const int first = *nv;
   while (T->used + need > T->capacity || force > 0) {
     if (*nv == VICTIMS_MAX)
       return -EAGAIN;
-    if (e->orphan)
+    centry *v = e->orphan ? NULL : pick_victim(c, u);
+    if (!v || v == REFUSE) {
+      /* Refused: the victims of this call go back untouched, so a put that
+       * does not happen costs nobody their place. */
+      while (*nv > first) {
+        centry *g = victims[--*nv];
+        T->used += cache_cost(c, u, g->len);
+        g->moving = 0;
+        g->busy--;
+      }
+      pthread_cond_broadcast(&c->cv);
       return -ENOSPC;
-    centry *v = pick_victim(c, u);
-    if (!v || v == REFUSE)
-      return -ENOSPC;
+    }
     v->busy++;
     v->moving = 1;
     T->used -= cache_cost(c, u, v->len);
@@ -296,28 +351,34 @@ void cache_spares_free(kvt_cache *c) {
   }
 }
 
-void cache_drop_copy(kvt_cache *c, centry *e, int t, int kind) {
+int cache_drop_copy(kvt_cache *c, centry *e, int t, int kind) {
   int r = kvt_tier_del(c->t[t].tier, &e->key);
+  if (r == KVT_ENOTFOUND)
+    r = 0;
   pthread_mutex_lock(&c->mu);
-  if (r && r != KVT_ENOTFOUND)
+  if (r) {
     c->t[t].n.errors++;
-  cache_forget_copy(c, e, t);
-  if (kind == 1)
-    c->t[t].n.demotions++;
-  else if (kind == 2)
-    c->t[t].n.evictions++;
+    c->t[t].used += cache_cost(c, t, e->len); /* still there: still counted */
+  } else {
+    cache_forget_copy(c, e, t);
+    if (kind == 1)
+      c->t[t].n.demotions++;
+    else if (kind == 2)
+      c->t[t].n.evictions++;
+  }
   pthread_mutex_unlock(&c->mu);
-  if (r && r != KVT_ENOTFOUND) {
+  if (r) {
     char hex[KVT_KEY_HEX_LEN + 1];
     kvt_logf(c->ctx, KVT_LOG_WARN, "cache: deleting %s from %s failed (%s); it stays there",
              kvt_key_hex(&e->key, hex), kvt_tier_spec(c->t[t].tier), kvt_strerror(r));
   }
+  return r;
 }
 
 /* Moves victim v (pinned, moving, its bytes released from tier t's used) out
  * of tier t: to the first lower tier that takes it, else it is dropped. A
  * copy already held below (write-through) makes the move a delete. */
-static void demote(kvt_cache *c, centry *v, int t) {
+static void demote(kvt_cache *c, centry *v, int t, const centry *guard) {
   pthread_mutex_lock(&c->mu);
   uint32_t below = v->mask & ~((TBIT(t) << 1) - 1);
   pthread_mutex_unlock(&c->mu);
@@ -331,7 +392,7 @@ static void demote(kvt_cache *c, centry *v, int t) {
     if (r == 0 && got != v->len)
       r = KVT_ECORRUPT;
     for (int u = t + 1; r == 0 && u < c->ntiers; u++) {
-      if (cache_place(c, v, u, buf, v->len) == 0) {
+      if (cache_place(c, v, u, buf, v->len, guard) == 0) {
         kind = 1;
         break;
       }
@@ -346,11 +407,13 @@ static void demote(kvt_cache *c, centry *v, int t) {
   cache_drop_copy(c, v, t, kind);
   pthread_mutex_lock(&c->mu);
   v->moving = 0;
+  pthread_cond_broadcast(&c->cv); /* puts of this key wait for the move */
   cache_unpin(c, v);
   pthread_mutex_unlock(&c->mu);
 }
 
-int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len) {
+int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len,
+                const centry *guard) {
   ctier *T = &c->t[u];
   if (cache_cost(c, u, len) > T->capacity)
     return -ENOSPC;
@@ -359,10 +422,10 @@ int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len) {
     centry *victims[VICTIMS_MAX];
     int nv = 0;
     pthread_mutex_lock(&c->mu);
-    int r = make_room(c, e, u, len, force, victims, &nv);
+    int r = make_room(c, e, guard, u, len, force, victims, &nv);
     pthread_mutex_unlock(&c->mu);
     for (int i = 0; i < nv; i++)
-      demote(c, victims[i], u);
+      demote(c, victims[i], u, guard);
     if (r == -EAGAIN) {
       force = 0;
       continue;
@@ -372,7 +435,9 @@ int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len) {
     r = kvt_tier_put(T->tier, &e->key, buf, len);
     pthread_mutex_lock(&c->mu);
     if (r == 0) {
-      cache_add_copy(c, e, u, e->stamp);
+      /* Ranked as new: right behind its parent when that is here, so a
+       * chain promoted or demoted in order keeps its head hottest. */
+      cache_add_copy(c, e, u, 0);
       T->n.puts++;
       T->n.bytes_in += len;
       cache_mover_poke(c, u);
@@ -439,7 +504,7 @@ static void *mover_main(void *arg) {
     c->mover_runs++;
     pthread_mutex_unlock(&c->mu);
     for (int i = 0; i < nv; i++)
-      demote(c, victims[i], u);
+      demote(c, victims[i], u, NULL);
     pthread_mutex_lock(&c->mu);
   }
   pthread_mutex_unlock(&c->mu);

@@ -32,6 +32,8 @@ typedef struct centry {
   uint64_t len;
   uint64_t stamp;    /* logical time of the last touch */
   uint64_t mark;     /* == cache.mark_gen: an ancestor of the payload being placed */
+  uint64_t skip;     /* == cache.mark_gen: the chain of the payload whose placement
+                        this (nested) placement serves: not a victim */
   uint32_t mask;     /* bit t: tier t holds a complete copy */
   uint32_t busy;     /* pins: gets reading it, the thread moving it */
   uint8_t state;     /* E_* */
@@ -98,6 +100,8 @@ void cache_entry_free(kvt_cache *c, centry *e);
 void cache_link_parent(centry *e, centry *parent);
 /* Frees e if it is live, holds no copy and no pin. */
 void cache_maybe_free(kvt_cache *c, centry *e);
+/* Drops one pin (mu held). The last pin of a DOOMED entry removes its copies
+ * and frees it (mu is released meanwhile); e must not be used afterwards. */
 void cache_unpin(kvt_cache *c, centry *e);
 
 /* LRU (mu held). */
@@ -121,13 +125,24 @@ int cache_links_set(kvt_cache *c, const char *links);
 void cache_spares_free(kvt_cache *c);
 
 /* Moving (mu NOT held). Writes buf[0..len) (e's payload) into tier u,
- * demoting or evicting what must go first; e is pinned by the caller.
- * Returns 0 or -ENOSPC or the tier's error. */
-int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len);
+ * demoting or evicting what must go first; e is pinned by the caller. guard
+ * is the payload whose placement started this one (e itself at the top;
+ * the put payload while its victims cascade down): it and its prefix are
+ * never victims of this placement. Returns 0 or -ENOSPC or the tier's
+ * error. */
+int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len,
+                const centry *guard);
 /* Deletes tier t's copy of e (pinned by the caller, its space in t already
  * released from used) and counts it as kind: 0 nothing, 1 demotion, 2
- * eviction. */
-void cache_drop_copy(kvt_cache *c, centry *e, int t, int kind);
+ * eviction. When the tier fails to delete, the copy stays indexed and its
+ * space is taken again, so the cache never loses sight of bytes a tier
+ * holds. Returns 0 or the tier's error. */
+int cache_drop_copy(kvt_cache *c, centry *e, int t, int kind);
+
+/* Deletes every copy of e (mu held on entry and exit; e DOOMED and pinned
+ * once by the caller, nothing else pinning or moving it). Copies a tier
+ * failed to delete stay indexed. Returns 0 or the first tier error. */
+int cache_remove_copies(kvt_cache *c, centry *e);
 
 /* Gets (mu NOT held), shared by kvt_cache_get and kvt_cache_get_many.
  * begin: the live entry for key, pinned and touched, or NULL (a miss,

@@ -214,6 +214,28 @@ static int check_payload(kvt_cache *c, const kvt_key *key, const void *buf, uint
   return r;
 }
 
+/* Whether a is an ancestor of e, looking up to a bounded depth (mu held). */
+static int is_ancestor(const centry *a, const centry *e) {
+  int depth = 0;
+  for (const centry *p = e->parent; p && depth < 4096; p = p->parent, depth++)
+    if (p == a)
+      return 1;
+  return 0;
+}
+
+/* Gives e the parent named by prev when it has none (a payload found after a
+ * restart, or put before its prefix came back), unless that would close a
+ * cycle (mu held). */
+static void relink(kvt_cache *c, centry *e, const kvt_key *prev) {
+  if (!prev || e->parent)
+    return;
+  centry *p = cache_find(c, prev);
+  if (p && p != e && p->state != E_DOOMED && !is_ancestor(e, p)) {
+    cache_link_parent(e, p);
+    e->orphan = 0;
+  }
+}
+
 /* A new entry for key, in the index (mu held); NULL when out of memory. */
 static centry *new_entry(kvt_cache *c, const kvt_key *key, const kvt_key *prev, uint64_t len) {
   centry *e = kvt_alloc(c->ctx, sizeof(*e), _Alignof(centry));
@@ -250,12 +272,16 @@ int kvt_cache_put(kvt_cache *c, const kvt_key *key, const kvt_key *prev, const v
   }
   pthread_mutex_lock(&c->mu);
   centry *e;
-  while ((e = cache_find(c, key)) && e->state == E_DOOMED)
-    pthread_cond_wait(&c->cv, &c->mu); /* a delete of this key is finishing */
+  /* A key being put, deleted or moved by another thread: wait for the
+   * outcome, so that 0 always means "held now" (a put that fails, or a move
+   * that evicts it, leaves this put to store it). */
+  while ((e = cache_find(c, key)) &&
+         (e->state != E_LIVE || e->moving || !e->mask))
+    pthread_cond_wait(&c->cv, &c->mu);
   if (e) {
     c->total.duplicates++;
-    if (e->state == E_LIVE)
-      cache_touch(c, e);
+    relink(c, e, prev);
+    cache_touch(c, e);
     pthread_mutex_unlock(&c->mu);
     return 0;
   }
@@ -266,13 +292,13 @@ int kvt_cache_put(kvt_cache *c, const kvt_key *key, const kvt_key *prev, const v
   r = -ENOSPC;
   int placed = -1;
   for (int u = 0; u < c->ntiers && placed < 0; u++) {
-    r = cache_place(c, e, u, payload, len);
+    r = cache_place(c, e, u, payload, len, e);
     if (!r)
       placed = u;
   }
   for (int u = placed + 1; placed >= 0 && u < c->ntiers; u++) {
     if ((c->flags & KVT_CACHE_WRITE_THROUGH) && c->t[u].persistent) {
-      int w = cache_place(c, e, u, payload, len);
+      int w = cache_place(c, e, u, payload, len, e);
       if (w) {
         char hex[KVT_KEY_HEX_LEN + 1];
         kvt_logf(c->ctx, KVT_LOG_WARN, "cache: write-through of %s to %s failed: %s",
@@ -282,7 +308,8 @@ int kvt_cache_put(kvt_cache *c, const kvt_key *key, const kvt_key *prev, const v
   }
   pthread_mutex_lock(&c->mu);
   e->moving = 0;
-  e->busy = 0;
+  e->busy--;
+  pthread_cond_broadcast(&c->cv); /* puts of the same key wait for this one */
   if (placed >= 0) {
     e->state = E_LIVE;
   } else {
@@ -296,38 +323,6 @@ int kvt_cache_put(kvt_cache *c, const kvt_key *key, const kvt_key *prev, const v
 
 /* ---- get ------------------------------------------------------------------ */
 
-/* Removes every copy of e (mu held on entry and exit). Waits for other pins
- * to go first; the caller holds one pin itself (`own`). */
-static void remove_all(kvt_cache *c, centry *e, int own) {
-  if (e->state == E_DOOMED) { /* another thread is removing it */
-    e->busy -= (uint32_t)own;
-    pthread_cond_broadcast(&c->cv);
-    return;
-  }
-  e->state = E_DOOMED;
-  while (e->busy > (uint32_t)own || e->moving)
-    pthread_cond_wait(&c->cv, &c->mu);
-  uint32_t mask = e->mask;
-  for (int t = 0; t < c->ntiers; t++) {
-    if (HAS(e, t)) {
-      c->t[t].used -= cache_cost(c, t, e->len);
-      cache_forget_copy(c, e, t);
-    }
-  }
-  pthread_mutex_unlock(&c->mu);
-  for (int t = 0; t < c->ntiers; t++) {
-    int r = (mask & TBIT(t)) ? kvt_tier_del(c->t[t].tier, &e->key) : 0;
-    if (r && r != KVT_ENOTFOUND) {
-      pthread_mutex_lock(&c->mu);
-      c->t[t].n.errors++;
-      pthread_mutex_unlock(&c->mu);
-    }
-  }
-  pthread_mutex_lock(&c->mu);
-  e->busy -= (uint32_t)own;
-  cache_entry_free(c, e);
-}
-
 /* Copies e (pinned, found in tier t with the payload now in buf) up to the
  * hottest tier that can hold it, and drops the lower copy unless
  * write-through keeps it there. */
@@ -340,7 +335,7 @@ static void promote(kvt_cache *c, centry *e, int t, const void *buf) {
   if (!go)
     return;
   for (int u = 0; u < t; u++) {
-    if (cache_place(c, e, u, buf, e->len))
+    if (cache_place(c, e, u, buf, e->len, e))
       continue;
     pthread_mutex_lock(&c->mu);
     c->t[u].n.promotions++;
@@ -423,20 +418,21 @@ int cache_get_end(kvt_cache *c, centry *e, void *buf, uint64_t got, int t, int r
       c->t[i].n.misses++;
     c->total.misses++;
   } else if (refused) {
+    /* Deleted once nobody else reads or moves it (the last pin does it), so
+     * a batch holding the same key twice, or another reader, never waits
+     * on this thread. */
     c->total.refused++;
-    remove_all(c, e, 1);
-    e = NULL;
+    if (e->state == E_LIVE)
+      e->state = E_DOOMED;
   } else if (r != KVT_ENOBUFS) {
     c->t[t].n.errors++;
   }
   pthread_mutex_unlock(&c->mu);
   if (r == 0 && t > 0 && promote_ok && !(c->flags & KVT_CACHE_NO_PROMOTE))
     promote(c, e, t, buf);
-  if (e) {
-    pthread_mutex_lock(&c->mu);
-    cache_unpin(c, e);
-    pthread_mutex_unlock(&c->mu);
-  }
+  pthread_mutex_lock(&c->mu);
+  cache_unpin(c, e);
+  pthread_mutex_unlock(&c->mu);
   return r;
 }
 
@@ -473,7 +469,7 @@ static size_t walk(kvt_cache *c, const kvt_key *keys, size_t n, centry *prev, ce
     centry *e = cache_find(c, &keys[i]);
     if (!e || e->state != E_LIVE || !e->mask)
       break;
-    if (prev && !e->parent && prev != e) {
+    if (prev && !e->parent && prev != e && !is_ancestor(e, prev)) {
       cache_link_parent(e, prev);
       e->orphan = 0;
     }
@@ -567,10 +563,22 @@ int kvt_cache_del(kvt_cache *c, const kvt_key *key) {
     pthread_mutex_unlock(&c->mu);
     return KVT_ENOTFOUND;
   }
+  /* Invisible from now on; wait for readers and movers to let go (they do
+   * not wait on anything this thread holds). */
+  e->state = E_DOOMED;
   e->busy++;
-  remove_all(c, e, 1);
+  while (e->busy > 1 || e->moving)
+    pthread_cond_wait(&c->cv, &c->mu);
+  const int r = cache_remove_copies(c, e);
+  e->busy--;
+  if (e->mask) { /* a tier would not delete its copy: it stays, and says so */
+    e->state = E_LIVE;
+    pthread_cond_broadcast(&c->cv);
+  } else {
+    cache_entry_free(c, e);
+  }
   pthread_mutex_unlock(&c->mu);
-  return 0;
+  return r;
 }
 
 /* ---- stats ---------------------------------------------------------------- */

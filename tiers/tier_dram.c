@@ -562,6 +562,8 @@ static int dram_stats(void *state, kvt_tier_stats *out) {
   out->used = d->used;
   out->items = d->items;
   pthread_mutex_unlock(&d->mu);
+  out->item_overhead = 0;
+  out->granule = GRANULE;
   return 0;
 }
 

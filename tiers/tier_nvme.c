@@ -772,6 +772,8 @@ static int nvme_stats(void *state, kvt_tier_stats *out) {
   out->used = n->used;
   out->items = n->items;
   pthread_mutex_unlock(&n->mu);
+  out->item_overhead = BLK; /* the file's header block */
+  out->granule = BLK;       /* payloads padded for O_DIRECT */
   return 0;
 }
 

@@ -114,9 +114,11 @@ KVT_API void kvt_cache_close(kvt_cache *cache);
 
 /* Stores payload[0..len) under key. prev is the key of the chunk before it
  * in its sequence (NULL for a first chunk or when unknown); it ranks the
- * payload behind its parent for eviction. The payload is copied before this
- * returns. Returns 0 when stored, or when the key was already held (keys name
- * content, so it is not written again; it is touched); KVT_EFOREIGN when the
+ * payload behind its parent for eviction (also when the key is already
+ * held without a known parent). The payload is copied before this returns.
+ * A put of a key that another thread is putting, moving or deleting waits
+ * for that to finish. Returns 0 when stored, or when the key is held (keys
+ * name content, so it is not written again; it is touched); KVT_EFOREIGN when the
  * header's key or fingerprint differ; the header's parse error (KVT_EFORMAT,
  * KVT_ECHECKSUM, ...); -ENOSPC when no tier can take it (larger than every
  * tier, or room only at the cost of its own prefix); or a tier's error. */
@@ -127,7 +129,8 @@ KVT_API int kvt_cache_put(kvt_cache *cache, const kvt_key *key, const kvt_key *p
  * to *len (also on KVT_ENOBUFS; len may be NULL) and the index of the tier
  * that served it to *tier (may be NULL). Returns 0, KVT_ENOTFOUND,
  * KVT_ENOBUFS, KVT_EFOREIGN or a parse error for a payload that failed the
- * checks above (it is deleted), or a tier's error. */
+ * checks above (it is deleted once no other thread reads it), -EINVAL, or a
+ * tier's error. */
 KVT_API int kvt_cache_get(kvt_cache *cache, const kvt_key *key, void *buf, uint64_t cap,
                           uint64_t *len, int *tier);
 
@@ -146,8 +149,8 @@ typedef struct kvt_cache_get_req {
  * 32), so a long prefix comes back from NVMe at the device's queue depth
  * rather than one read at a time. Each request gets its own result, with
  * the checks and counters of kvt_cache_get(); promotions, when on, run after
- * all reads are done. Returns 0 once every request has a result, or -EINVAL
- * (nothing done). */
+ * all reads are done. A key may appear more than once. Returns 0 once every
+ * request has a result, or -EINVAL or -ENOMEM (nothing done). */
 KVT_API int kvt_cache_get_many(kvt_cache *cache, kvt_cache_get_req *reqs, size_t n,
                                uint32_t max_in_flight);
 
@@ -193,7 +196,11 @@ KVT_API int kvt_cache_query(kvt_cache *cache, const kvt_key *key, uint64_t *len,
 /* Bit i set for each tier i holding a copy (0 if absent). */
 KVT_API uint32_t kvt_cache_where(kvt_cache *cache, const kvt_key *key);
 
-/* Removes key from every tier. Returns 0 or KVT_ENOTFOUND. */
+/* Removes key from every tier, once gets and moves of it in progress are
+ * done (it is invisible to new ones at once). Returns 0, KVT_ENOTFOUND,
+ * -EINVAL, or the error of a tier that failed to delete its copy: that copy
+ * stays held (and counted), so it is not found again after a restart
+ * without the caller knowing. */
 KVT_API int kvt_cache_del(kvt_cache *cache, const kvt_key *key);
 
 /* The number of tiers, and tier i itself (for its spec, its own stats and

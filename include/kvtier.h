@@ -7,6 +7,7 @@
  *   kvtier/tier.h     storage tiers (DRAM, NVMe), completion-based
  *   kvtier/cache.h    the cache: placement across tiers, eviction, prefix lookup
  *   kvtier/model.h    the bandwidth model: KV bytes, link shortfall, fits, advice
+ *   kvtier/gpu.h      fused GPU store/load between engine paged caches and payloads
  *
  * Compiles as C (C99 or later) and C++; includes no CUDA header. */
 #ifndef KVTIER_H
@@ -19,5 +20,6 @@
 #include "kvtier/tier.h"
 #include "kvtier/cache.h"
 #include "kvtier/model.h"
+#include "kvtier/gpu.h"
 
 #endif

@@ -34,8 +34,9 @@ static const char bench_help[] =
     "                     ratio per preset (synthetic data: indicative only)\n"
     "  --json             machine-readable output\n"
     "\n"
-    "Also: kvtier bench tier --help (tier throughput against memcpy and fio) and\n"
-    "kvtier bench cache --help (prefix lookup time over a long context).\n";
+    "Also: kvtier bench tier --help (tier throughput against memcpy and fio),\n"
+    "kvtier bench cache --help (prefix lookup time over a long context) and\n"
+    "kvtier bench gpu --help (fused GPU load/store against cudaMemcpy).\n";
 
 static const char *const bench_specs[] = {
     "raw", "k16v8", "fp8", "int8", "k16v4", "k8v4", "int4", "int4,kgroup=dim",
@@ -275,7 +276,11 @@ static int bench_parse(int argc, char **argv, bench_cfg *c) {
   return 0;
 }
 
+int cli_bench_gpu_main(int argc, char **argv); /* cli_bench_gpu.c */
+
 int cli_bench_main(int argc, char **argv) {
+  if (argc >= 2 && strcmp(argv[1], "gpu") == 0)
+    return cli_bench_gpu_main(argc - 1, argv + 1);
   if (argc >= 2 && strcmp(argv[1], "tier") == 0)
     return cli_bench_tier_main(argc - 1, argv + 1);
   if (argc >= 2 && strcmp(argv[1], "cache") == 0)
@@ -285,7 +290,7 @@ int cli_bench_main(int argc, char **argv) {
       fputs(bench_help, stdout);
       return CLI_OK;
     }
-    return cli_usage_error("bench", "expected 'kvtier bench codec|tier|cache [OPTIONS]'");
+    return cli_usage_error("bench", "expected 'kvtier bench codec|tier|cache|gpu [OPTIONS]'");
   }
   bench b;
   memset(&b, 0, sizeof(b));

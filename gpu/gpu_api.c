@@ -1,0 +1,640 @@
+/* gpu/gpu_api.c - the public GPU calls (kvtier/gpu.h): layout registration,
+ * the host half of store (header and table before the kernel, checksums
+ * after it) and of load (parse and verify before the kernel). Plain C: the
+ * CUDA runtime is reached only through gpu_kernels.cu's wrappers, so this
+ * file also builds without CUDA, where every call returns KVT_ENOTSUP. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "kvt_gpu_layout.h"
+#include "kvtier/gpu.h"
+#include "serde_internal.h"
+
+static void desc_init(kvt_gpu_layout_desc *d, int dtype, uint32_t layers, void *const *k,
+                      void *const *v, uint32_t num_blocks, uint32_t block_size, uint32_t heads,
+                      uint32_t head_dim) {
+  memset(d, 0, sizeof(*d));
+  d->struct_size = sizeof(*d);
+  d->dtype = dtype;
+  d->layers = layers;
+  d->heads = heads;
+  d->head_dim = head_dim;
+  d->block_size = block_size;
+  d->num_blocks = num_blocks;
+  d->k_layers = k;
+  d->v_layers = v;
+}
+
+void kvt_gpu_layout_desc_vllm(kvt_gpu_layout_desc *d, int dtype, uint32_t layers,
+                              void *const *t, uint32_t num_blocks, uint32_t block_size,
+                              uint32_t heads, uint32_t head_dim) {
+  desc_init(d, dtype, layers, t, NULL, num_blocks, block_size, heads, head_dim);
+  d->stride_head = head_dim;
+  d->stride_token = (int64_t)heads * head_dim;
+  d->stride_block = (int64_t)block_size * heads * head_dim;
+  d->v_offset = (int64_t)num_blocks * d->stride_block;
+}
+
+void kvt_gpu_layout_desc_flashinfer_nhd(kvt_gpu_layout_desc *d, int dtype, uint32_t layers,
+                                        void *const *t, uint32_t num_blocks,
+                                        uint32_t block_size, uint32_t heads,
+                                        uint32_t head_dim) {
+  desc_init(d, dtype, layers, t, NULL, num_blocks, block_size, heads, head_dim);
+  d->stride_head = head_dim;
+  d->stride_token = (int64_t)heads * head_dim;
+  d->stride_block = 2 * (int64_t)block_size * heads * head_dim;
+  d->v_offset = (int64_t)block_size * heads * head_dim;
+}
+
+void kvt_gpu_layout_desc_flashinfer_hnd(kvt_gpu_layout_desc *d, int dtype, uint32_t layers,
+                                        void *const *t, uint32_t num_blocks,
+                                        uint32_t block_size, uint32_t heads,
+                                        uint32_t head_dim) {
+  desc_init(d, dtype, layers, t, NULL, num_blocks, block_size, heads, head_dim);
+  d->stride_token = head_dim;
+  d->stride_head = (int64_t)block_size * head_dim;
+  d->stride_block = 2 * (int64_t)heads * block_size * head_dim;
+  d->v_offset = (int64_t)heads * block_size * head_dim;
+}
+
+void kvt_gpu_layout_desc_separate(kvt_gpu_layout_desc *d, int dtype, uint32_t layers,
+                                  void *const *k, void *const *v, uint32_t num_slots,
+                                  uint32_t heads, uint32_t head_dim) {
+  desc_init(d, dtype, layers, k, v, num_slots, 1, heads, head_dim);
+  d->stride_head = head_dim;
+  d->stride_token = (int64_t)heads * head_dim;
+  d->stride_block = (int64_t)heads * head_dim;
+}
+
+#ifndef KVT_HAVE_CUDA
+
+static int no_cuda(kvt_ctx *ctx) {
+  return kvt_fail(ctx, KVT_ENOTSUP, "this kvtier was built without CUDA");
+}
+
+int kvt_gpu_layout_create(kvt_ctx *ctx, const kvt_gpu_layout_desc *desc, kvt_gpu_layout **out) {
+  (void)desc;
+  (void)out;
+  return no_cuda(ctx);
+}
+void kvt_gpu_layout_destroy(kvt_gpu_layout *layout) { (void)layout; }
+int kvt_gpu_mem_kind(kvt_ctx *ctx, const void *p, int *kind) {
+  (void)p;
+  (void)kind;
+  return no_cuda(ctx);
+}
+int kvt_gpu_store_bound(kvt_gpu_layout *layout, const kvt_gpu_store_params *p, uint64_t *out) {
+  (void)layout, (void)p, (void)out;
+  return KVT_ENOTSUP;
+}
+int kvt_gpu_store_async(kvt_gpu_layout *layout, const kvt_gpu_store_params *p, void *dst,
+                        size_t cap, size_t *len, void *stream) {
+  (void)layout, (void)p, (void)dst, (void)cap, (void)len, (void)stream;
+  return KVT_ENOTSUP;
+}
+int kvt_gpu_store_finish(kvt_gpu_layout *layout, void *dst, size_t len, void *stream) {
+  (void)layout, (void)dst, (void)len, (void)stream;
+  return KVT_ENOTSUP;
+}
+int kvt_gpu_store(kvt_gpu_layout *layout, const kvt_gpu_store_params *p, void *dst, size_t cap,
+                  size_t *len, void *stream) {
+  (void)layout, (void)p, (void)dst, (void)cap, (void)len, (void)stream;
+  return KVT_ENOTSUP;
+}
+int kvt_gpu_load(kvt_gpu_layout *layout, const void *payload, size_t len,
+                 const kvt_gpu_load_params *p, void *stream) {
+  (void)layout, (void)payload, (void)len, (void)p, (void)stream;
+  return KVT_ENOTSUP;
+}
+
+#else
+
+struct kvt_gpu_layout {
+  kvt_ctx *ctx;
+  kvt_gpu_layout_desc d; /* the descriptor, pointer arrays dropped */
+  uint64_t *dev_ptrs;    /* [2 * layers]: K bases, then V bases */
+  uint8_t *dev_aux;      /* kvt_gpu_status, then 2 * KVT_MAX_LAYERS amax floats */
+  int align16, align4;   /* every base and stride allows 16- / 4-byte accesses */
+};
+
+#define AUX_BYTES (sizeof(kvt_gpu_status) + 2 * KVT_MAX_LAYERS * sizeof(float))
+
+static int cuda_fail(kvt_ctx *ctx, int err, const char *what) {
+  return kvt_fail(ctx, KVT_ECUDA, "%s: %s (CUDA error %d)", what, kvt_gpurt_error_string(err),
+                  err);
+}
+
+static int check_desc(kvt_ctx *ctx, const kvt_gpu_layout_desc *d) {
+  if (d->dtype != KVT_DTYPE_BF16 && d->dtype != KVT_DTYPE_F16)
+    return kvt_fail(ctx, KVT_ESHAPE, "layout dtype %d: must be bf16 or fp16", d->dtype);
+  if (!d->layers || (uint64_t)d->layer_begin + d->layers > KVT_MAX_LAYERS)
+    return kvt_fail(ctx, KVT_ESHAPE, "layout layers %u+%u: must be 1.. within %u",
+                    d->layer_begin, d->layers, KVT_MAX_LAYERS);
+  if (!d->heads || d->heads > KVT_MAX_HEADS || !d->head_dim || d->head_dim > KVT_MAX_HEAD_DIM)
+    return kvt_fail(ctx, KVT_ESHAPE, "layout heads %u head_dim %u: limits %u and %u", d->heads,
+                    d->head_dim, KVT_MAX_HEADS, KVT_MAX_HEAD_DIM);
+  if (!d->block_size || !d->num_blocks ||
+      (uint64_t)d->block_size * d->num_blocks > ((uint64_t)1 << 40))
+    return kvt_fail(ctx, KVT_ESHAPE, "layout of %u blocks of %u tokens", d->num_blocks,
+                    d->block_size);
+  const int64_t sh = d->stride_head, hd = (int64_t)d->head_dim;
+  if (d->heads > 1 && sh < hd && sh > -hd)
+    return kvt_fail(ctx, KVT_ESHAPE, "stride_head %" PRId64 " overlaps head_dim %u rows",
+                    d->stride_head, d->head_dim);
+  if (!d->k_layers)
+    return kvt_fail(ctx, KVT_ESHAPE, "layout has no layer pointers");
+  for (uint32_t l = 0; l < d->layers; l++)
+    if (!d->k_layers[l] || (d->v_layers && !d->v_layers[l]))
+      return kvt_fail(ctx, KVT_ESHAPE, "layout layer %u has a NULL pointer", l);
+  return 0;
+}
+
+static int fill_ptrs(kvt_gpu_layout *L, const kvt_gpu_layout_desc *d, uint64_t *host) {
+  uint64_t orv = 0;
+  for (uint32_t l = 0; l < d->layers; l++) {
+    uintptr_t k = (uintptr_t)d->k_layers[l];
+    uintptr_t v = (uintptr_t)(d->v_layers ? d->v_layers[l] : d->k_layers[l]);
+    host[l] = (uint64_t)k + 2 * (uint64_t)d->k_offset;
+    host[d->layers + l] = (uint64_t)v + 2 * (uint64_t)d->v_offset;
+    orv |= host[l] | host[d->layers + l];
+  }
+  const uint64_t s = 2 * ((uint64_t)d->stride_block | (uint64_t)d->stride_token |
+                          (uint64_t)d->stride_head);
+  L->align16 = ((orv | s) & 15) == 0;
+  L->align4 = ((orv | s) & 3) == 0;
+  return 0;
+}
+
+int kvt_gpu_layout_create(kvt_ctx *ctx, const kvt_gpu_layout_desc *d, kvt_gpu_layout **out) {
+  kvt_clear_error(ctx);
+  if (!ctx || !d || !out || d->struct_size < sizeof(kvt_gpu_layout_desc))
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_layout_create: NULL argument or old descriptor");
+  int rc = check_desc(ctx, d), n = 0, e;
+  if (rc)
+    return rc;
+  if ((e = kvt_gpurt_device_count(&n)) != 0 || n == 0)
+    return e ? cuda_fail(ctx, e, "cudaGetDeviceCount")
+             : kvt_fail(ctx, KVT_ECUDA, "no CUDA device");
+  kvt_gpu_layout *L = kvt_alloc(ctx, sizeof(*L), 16);
+  uint64_t *host = kvt_alloc(ctx, 2 * sizeof(uint64_t) * d->layers, 16);
+  if (!L || !host) {
+    kvt_dealloc(ctx, L);
+    kvt_dealloc(ctx, host);
+    return kvt_fail(ctx, -ENOMEM, "kvt_gpu_layout_create: out of memory");
+  }
+  memset(L, 0, sizeof(*L));
+  L->ctx = ctx;
+  L->d = *d;
+  L->d.struct_size = sizeof(L->d);
+  L->d.k_layers = L->d.v_layers = NULL;
+  fill_ptrs(L, d, host);
+  const size_t pbytes = 2 * sizeof(uint64_t) * d->layers;
+  const char *what = "cudaMalloc";
+  if ((e = kvt_gpurt_malloc((void **)&L->dev_ptrs, pbytes)) == 0 &&
+      (e = kvt_gpurt_malloc((void **)&L->dev_aux, AUX_BYTES)) == 0) {
+    what = "cudaMemcpy";
+    if ((e = kvt_gpurt_copy_h2d(L->dev_ptrs, host, pbytes)) == 0)
+      e = kvt_gpurt_zero(L->dev_aux, AUX_BYTES); /* the status word is read whole */
+  }
+  kvt_dealloc(ctx, host);
+  if (e) {
+    kvt_gpu_layout_destroy(L);
+    return cuda_fail(ctx, e, what);
+  }
+  *out = L;
+  return 0;
+}
+
+void kvt_gpu_layout_destroy(kvt_gpu_layout *L) {
+  if (!L)
+    return;
+  kvt_gpurt_free(L->dev_ptrs);
+  kvt_gpurt_free(L->dev_aux);
+  kvt_dealloc(L->ctx, L);
+}
+
+int kvt_gpu_mem_kind(kvt_ctx *ctx, const void *p, int *kind) {
+  void *dev;
+  int e = kvt_gpurt_pointer(p, kind, &dev);
+  return e ? cuda_fail(ctx, e, "cudaPointerGetAttributes") : 0;
+}
+
+/* The device address of a payload buffer, with its kind. */
+static int payload_addr(kvt_ctx *ctx, const void *p, int *kind, uint8_t **dev) {
+  void *d = NULL;
+  int e = kvt_gpurt_pointer(p, kind, &d);
+  if (e)
+    return cuda_fail(ctx, e, "cudaPointerGetAttributes");
+  if (*kind == KVT_GPU_MEM_PAGEABLE || !d)
+    return kvt_fail(ctx, KVT_ENOTSUP, "payload at %p is pageable host memory: the GPU needs "
+                    "pinned, mapped memory (cudaHostAlloc) or device memory", p);
+  if ((uintptr_t)d % 16)
+    return kvt_fail(ctx, KVT_ESHAPE, "payload at %p is not 16-byte aligned", p);
+  *dev = d;
+  return 0;
+}
+
+/* Elements per lane step: 32 (loads) or 16, 8 (16-byte engine accesses), 2, 1. */
+static uint32_t pick_chunk(const kvt_gpu_layout *L, const kvt_codec_spec *spec, int load) {
+  const uint32_t D = L->d.head_dim;
+  const int i4 = spec->k_fmt == KVT_FMT_I4 || spec->v_fmt == KVT_FMT_I4;
+  const int dim_groups = spec->v_fmt == KVT_FMT_I4 ||
+                         (spec->k_fmt == KVT_FMT_I4 && spec->k_axis == KVT_AXIS_DIM);
+  for (uint32_t c = load ? 32 : 16; c >= 16; c /= 2) /* larger PCIe requests per warp */
+    if (D % c == 0 && L->align16 && (!dim_groups || spec->group % c == 0))
+      return c;
+  if (D % 8 == 0 && L->align16 && (!dim_groups || spec->group % 8 == 0))
+    return 8;
+  if (D % 2 == 0 && L->align4)
+    return 2;
+  return i4 ? 0 : 1;
+}
+
+static int fill_kparams(kvt_gpu_layout *L, const kvt_codec_spec *spec, uint32_t tokens,
+                        uint32_t layer_begin, uint32_t payload_layers, uint32_t first,
+                        uint32_t count, const int64_t *slots, uint8_t *payload, int load,
+                        kvt_gpu_kparams *kp) {
+  const kvt_gpu_layout_desc *d = &L->d;
+  const uint32_t abs0 = layer_begin + first;
+  if (abs0 < d->layer_begin || (uint64_t)abs0 + count > (uint64_t)d->layer_begin + d->layers)
+    return kvt_fail(L->ctx, KVT_ESHAPE, "layers %u..%u are outside the layout's %u..%u", abs0,
+                    abs0 + count, d->layer_begin, d->layer_begin + d->layers);
+  memset(kp, 0, sizeof(*kp));
+  kp->chunk = pick_chunk(L, spec, load);
+  if (!kp->chunk)
+    return kvt_fail(L->ctx, KVT_ESHAPE, "i4 needs 4-byte aligned engine rows and strides");
+  kp->ptrs = L->dev_ptrs;
+  kp->slots = slots;
+  kp->payload = payload;
+  kp->status = (kvt_gpu_status *)L->dev_aux;
+  kp->amax = (float *)(L->dev_aux + sizeof(kvt_gpu_status));
+  kp->stride_block = d->stride_block;
+  kp->stride_token = d->stride_token;
+  kp->stride_head = d->stride_head;
+  kp->slot_limit = (uint64_t)d->num_blocks * d->block_size;
+  kp->header_size = kvt_header_size(2 * payload_layers);
+  kvt_section_shape sh = {spec->k_fmt, d->dtype, 0, 0, tokens, d->heads, d->head_dim};
+  kp->sec_bytes[0] = kvt_section_bytes(spec, &sh);
+  sh.fmt = spec->v_fmt;
+  sh.is_value = 1;
+  kp->sec_bytes[1] = kvt_section_bytes(spec, &sh);
+  kp->raw_bytes = 2 * (uint64_t)tokens * d->heads * d->head_dim;
+  memcpy(kp->raw_layers, spec->raw_layers, sizeof(kp->raw_layers));
+  kp->block_size = d->block_size;
+  kp->layout_layers = d->layers;
+  kp->layout_begin = d->layer_begin;
+  kp->tokens = tokens;
+  kp->heads = d->heads;
+  kp->head_dim = d->head_dim;
+  kp->dtype = (uint32_t)d->dtype;
+  kp->layer_begin = layer_begin;
+  kp->payload_layers = payload_layers;
+  kp->first = first;
+  kp->count = count;
+  kp->group = spec->group;
+  kp->block = spec->block;
+  kp->fmt[0] = spec->k_fmt;
+  kp->fmt[1] = spec->v_fmt;
+  kp->scale = spec->scale;
+  kp->k_axis = spec->k_axis;
+  return 0;
+}
+
+/* ---- store ---- */
+
+static int store_check(kvt_gpu_layout *L, const kvt_gpu_store_params *p, kvt_codec_spec *spec,
+                       uint32_t *model_layers, uint64_t *size) {
+  kvt_ctx *ctx = L->ctx;
+  if (!p || p->struct_size < sizeof(*p) || p->encode.struct_size < sizeof(kvt_encode_params))
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store: missing or old params");
+  if (!p->slots || !p->tokens || !p->layer_count)
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store: no slots, tokens or layers");
+  if (p->encode.zstd_level)
+    return kvt_fail(ctx, KVT_ENOTSUP, "the GPU store has no lossless stage (zstd level %d)",
+                    p->encode.zstd_level);
+  *spec = p->encode.spec;
+  kvt_codec_normalise(spec);
+  int rc = kvt_codec_validate(ctx, spec);
+  if (rc)
+    return rc;
+  const uint32_t lb = p->encode.layer_begin;
+  *model_layers = p->encode.model_layers ? p->encode.model_layers : p->layer_count;
+  if (*model_layers > KVT_MAX_LAYERS || (uint64_t)lb + p->layer_count > *model_layers)
+    return kvt_fail(ctx, KVT_ESHAPE, "layers %u..%u do not fit a model of %u layers (max %u)",
+                    lb, lb + p->layer_count, *model_layers, KVT_MAX_LAYERS);
+  return kvt_encode_bound(ctx, spec, lb, p->layer_count, p->tokens, L->d.heads, L->d.head_dim,
+                          size);
+}
+
+int kvt_gpu_store_bound(kvt_gpu_layout *L, const kvt_gpu_store_params *p, uint64_t *out) {
+  if (!L || !out)
+    return -EINVAL;
+  kvt_clear_error(L->ctx);
+  kvt_codec_spec spec;
+  uint32_t model_layers;
+  return store_check(L, p, &spec, &model_layers, out);
+}
+
+/* The header and section table with zero checksums (sealed by finish). */
+static void put_header(const kvt_gpu_store_params *p, const kvt_codec_spec *spec, int dtype,
+                       uint32_t heads, uint32_t head_dim, uint32_t model_layers,
+                       const kvt_gpu_kparams *kp, uint64_t size, uint8_t *dst) {
+  const uint32_t nsec = 2 * p->layer_count;
+  const uint64_t hsize = kp->header_size;
+  memset(dst, 0, hsize);
+  memcpy(dst + H_MAGIC, KVT_MAGIC, 8);
+  kvt_st16(dst + H_VMAJOR, KVT_FORMAT_VERSION);
+  kvt_st16(dst + H_VMINOR, KVT_FORMAT_MINOR);
+  kvt_st32(dst + H_HDRSIZE, (uint32_t)hsize);
+  kvt_st64(dst + H_SIZE, size);
+  kvt_st32(dst + H_NSEC, nsec);
+  memcpy(dst + H_KEY, p->encode.key.bytes, 16);
+  memcpy(dst + H_FPRINT, p->encode.fingerprint.bytes, 16);
+  dst[H_KFMT] = spec->k_fmt;
+  dst[H_VFMT] = spec->v_fmt;
+  dst[H_SCALE] = spec->scale;
+  dst[H_KAXIS] = spec->k_axis;
+  kvt_st16(dst + H_GROUP, spec->group);
+  kvt_st16(dst + H_BLOCK, spec->block);
+  dst[H_DTYPE] = (uint8_t)dtype;
+  kvt_st32(dst + H_MLAYERS, model_layers);
+  kvt_st32(dst + H_LBEGIN, p->encode.layer_begin);
+  kvt_st32(dst + H_LCOUNT, p->layer_count);
+  kvt_st32(dst + H_TOKENS, p->tokens);
+  kvt_st32(dst + H_HEADS, heads);
+  kvt_st32(dst + H_HDIM, head_dim);
+  kvt_st32(dst + H_TBEGIN, p->encode.token_begin);
+  for (uint32_t i = 0; i < nsec; i++) {
+    uint8_t *e = dst + HDR_FIXED + (size_t)SEC_ENTRY * i;
+    const uint32_t layer = p->encode.layer_begin + i / 2;
+    const uint64_t raw = kvt_gpu_sec_size(kp, layer, (int)(i % 2));
+    kvt_st32(e + S_LAYER, layer);
+    e[S_KIND] = (uint8_t)(i % 2);
+    e[S_FMT] = (uint8_t)kvt_gpu_sec_fmt(kp, layer, (int)(i % 2));
+    kvt_st64(e + S_OFFSET, kvt_gpu_sec_offset(kp, i / 2, (int)(i % 2)));
+    kvt_st64(e + S_STORED, raw);
+    kvt_st64(e + S_RAW, raw);
+  }
+}
+
+int kvt_gpu_store_async(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *dst, size_t cap,
+                        size_t *len, void *stream) {
+  if (!L)
+    return -EINVAL;
+  kvt_ctx *ctx = L->ctx;
+  kvt_clear_error(ctx);
+  if (!dst || !len)
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store: NULL destination or length");
+  kvt_codec_spec spec;
+  uint32_t model_layers;
+  uint64_t size;
+  int rc = store_check(L, p, &spec, &model_layers, &size);
+  if (rc)
+    return rc;
+  if (size > cap)
+    return kvt_fail(ctx, KVT_ENOBUFS, "payload needs %" PRIu64 " bytes, %zu given", size, cap);
+  int kind = 0;
+  uint8_t *dev = NULL;
+  if ((rc = payload_addr(ctx, dst, &kind, &dev)) != 0)
+    return rc;
+  kvt_gpu_kparams kp;
+  if ((rc = fill_kparams(L, &spec, p->tokens, p->encode.layer_begin, p->layer_count, 0,
+                         p->layer_count, p->slots, dev, 0, &kp)) != 0)
+    return rc;
+  int e;
+  if (kind == KVT_GPU_MEM_PINNED) {
+    put_header(p, &spec, L->d.dtype, L->d.heads, L->d.head_dim, model_layers, &kp, size, dst);
+  } else { /* device memory: the header goes over in stream order */
+    uint8_t *hdr = kvt_alloc(ctx, kp.header_size, 64);
+    if (!hdr)
+      return kvt_fail(ctx, -ENOMEM, "kvt_gpu_store: header staging");
+    put_header(p, &spec, L->d.dtype, L->d.heads, L->d.head_dim, model_layers, &kp, size, hdr);
+    /* From pageable memory the copy has taken the bytes when it returns. */
+    e = kvt_gpurt_copy_h2d_async(dev, hdr, kp.header_size, stream);
+    kvt_dealloc(ctx, hdr);
+    if (e)
+      return cuda_fail(ctx, e, "cudaMemcpyAsync of the payload header");
+  }
+  if ((e = kvt_gpurt_store(&kp, stream)) != 0)
+    return cuda_fail(ctx, e, "store kernel launch");
+  if (kind == KVT_GPU_MEM_DEVICE &&
+      (e = kvt_gpurt_seal(dev, 2 * p->layer_count, kp.header_size, stream)) != 0)
+    return cuda_fail(ctx, e, "checksum kernel launch");
+  *len = (size_t)size;
+  return 0;
+}
+
+int kvt_gpu_store_finish(kvt_gpu_layout *L, void *dst_, size_t len, void *stream) {
+  if (!L)
+    return -EINVAL;
+  kvt_ctx *ctx = L->ctx;
+  kvt_clear_error(ctx);
+  uint8_t *dst = dst_;
+  int e = kvt_gpurt_sync(stream);
+  if (e)
+    return cuda_fail(ctx, e, "cudaStreamSynchronize after the store kernel");
+  kvt_gpu_status st;
+  if ((e = kvt_gpurt_status((const kvt_gpu_status *)L->dev_aux, &st)) != 0)
+    return cuda_fail(ctx, e, "reading the store status");
+  if (st.code == KVT_ENONFINITE)
+    return kvt_fail(ctx, KVT_ENONFINITE, "%s layer %u token %u head %u dim %u is NaN or Inf",
+                    st.kind ? "V" : "K", st.layer, st.token, st.head, st.dim);
+  if (st.code)
+    return kvt_fail(ctx, KVT_ERANGE, "%s layer %u token %u head %u (dim %u): the i4 range does "
+                    "not fit the fp16 scale and zero", st.kind ? "V" : "K", st.layer, st.token,
+                    st.head, st.dim);
+  if (!dst || len < HDR_FIXED)
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_finish: no payload");
+  int kind = 0, rc;
+  uint8_t *dev;
+  if ((rc = payload_addr(ctx, dst, &kind, &dev)) != 0)
+    return rc;
+  if (kind == KVT_GPU_MEM_DEVICE)
+    return 0; /* sealed on the GPU by the checksum kernels */
+  const uint32_t nsec = kvt_ld32(dst + H_NSEC);
+  const uint64_t hsize = kvt_ld32(dst + H_HDRSIZE);
+  if (hsize != kvt_header_size(nsec) || hsize > len || kvt_ld64(dst + H_SIZE) != len)
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_finish: not the payload kvt_gpu_store_async "
+                    "wrote (length %zu)", len);
+  for (uint32_t i = 0; i < nsec; i++) {
+    uint8_t *ent = dst + HDR_FIXED + (size_t)SEC_ENTRY * i;
+    const uint64_t off = kvt_ld64(ent + S_OFFSET), n = kvt_ld64(ent + S_STORED);
+    if (off + n > len)
+      return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_finish: section %u outside the payload", i);
+    kvt_st64(ent + S_CHECKSUM, kvt_hash64(dst + off, n));
+  }
+  kvt_st64(dst + H_CHECKSUM, kvt_header_checksum(dst, hsize));
+  return 0;
+}
+
+int kvt_gpu_store(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *dst, size_t cap,
+                  size_t *len, void *stream) {
+  int rc = kvt_gpu_store_async(L, p, dst, cap, len, stream);
+  return rc ? rc : kvt_gpu_store_finish(L, dst, *len, stream);
+}
+
+/* ---- load ---- */
+
+/* The header and table of a payload as host bytes: the payload itself when
+ * it is host memory, else a copy of its first header_size bytes. */
+static int load_header(kvt_ctx *ctx, const uint8_t *payload, size_t len, int kind, uint8_t **copy,
+                       const uint8_t **hdr) {
+  *copy = NULL;
+  if (kind == KVT_GPU_MEM_PINNED) {
+    *hdr = payload;
+    return 0;
+  }
+  uint8_t fixed[HDR_FIXED];
+  if (len < HDR_FIXED)
+    return kvt_fail(ctx, KVT_ETRUNC, "payload of %zu bytes is shorter than the %d-byte header",
+                    len, HDR_FIXED);
+  int e = kvt_gpurt_copy_d2h(fixed, payload, HDR_FIXED);
+  if (e)
+    return cuda_fail(ctx, e, "cudaMemcpy of the payload header");
+  const uint32_t nsec = kvt_ld32(fixed + H_NSEC);
+  uint64_t hsize = kvt_ld32(fixed + H_HDRSIZE);
+  if (nsec == 0 || nsec % 2 || nsec > 2 * KVT_MAX_LAYERS || hsize != kvt_header_size(nsec) ||
+      hsize > len)
+    hsize = HDR_FIXED; /* let the parser name what is wrong */
+  if (!(*copy = kvt_alloc(ctx, hsize, 64)))
+    return kvt_fail(ctx, -ENOMEM, "payload header copy");
+  if ((e = kvt_gpurt_copy_d2h(*copy, payload, hsize)) != 0) {
+    kvt_dealloc(ctx, *copy);
+    *copy = NULL;
+    return cuda_fail(ctx, e, "cudaMemcpy of the payload header");
+  }
+  *hdr = *copy;
+  return 0;
+}
+
+static int load_expect(kvt_ctx *ctx, const kvt_payload_info *in, const kvt_gpu_load_params *p) {
+  char a[33], b[33];
+  if (p->expect_key && memcmp(p->expect_key, &in->key, 16) != 0)
+    return kvt_fail(ctx, KVT_EFOREIGN, "payload key %s, expected %s", kvt_key_hex(&in->key, a),
+                    kvt_key_hex(p->expect_key, b));
+  if (p->expect_fingerprint && memcmp(p->expect_fingerprint, &in->fingerprint, 16) != 0)
+    return kvt_fail(ctx, KVT_EFOREIGN, "payload model fingerprint %s, expected %s",
+                    kvt_key_hex(&in->fingerprint, a), kvt_key_hex(p->expect_fingerprint, b));
+  return 0;
+}
+
+/* Every loaded section: plain (no lossless stage), where the kernel expects
+ * it, and - for host payloads - its checksum. */
+static int load_sections(kvt_ctx *ctx, const uint8_t *hdr, const uint8_t *body,
+                         const kvt_gpu_kparams *kp) {
+  for (uint32_t l = kp->first; l < kp->first + kp->count; l++)
+    for (int kind = 0; kind < 2; kind++) {
+      const uint32_t i = 2 * l + (uint32_t)kind;
+      const uint8_t *e = hdr + HDR_FIXED + (size_t)SEC_ENTRY * i;
+      const uint64_t off = kvt_ld64(e + S_OFFSET), n = kvt_ld64(e + S_STORED);
+      if (e[S_COMP] != KVT_COMP_NONE)
+        return kvt_fail(ctx, KVT_ENOTSUP, "section %u (layer %u %s) uses the lossless stage: "
+                        "the GPU load reads plain sections only", i, kp->layer_begin + l,
+                        kind ? "V" : "K");
+      if (off != kvt_gpu_sec_offset(kp, l, kind) ||
+          n != kvt_gpu_sec_size(kp, kp->layer_begin + l, kind))
+        return kvt_fail(ctx, KVT_ECORRUPT, "section %u at %" PRIu64 "+%" PRIu64 " is not where "
+                        "its shape puts it", i, off, n);
+      if (body) {
+        const uint64_t want = kvt_ld64(e + S_CHECKSUM), got = kvt_hash64(body + off, n);
+        if (want != got)
+          return kvt_fail(ctx, KVT_ECHECKSUM, "section %u (layer %u %s) at offset %" PRIu64
+                          ": stored checksum %016" PRIx64 ", computed %016" PRIx64, i,
+                          kp->layer_begin + l, kind ? "V" : "K", off, want, got);
+      }
+    }
+  return 0;
+}
+
+static int load_check(kvt_gpu_layout *L, const kvt_payload_info *in,
+                      const kvt_gpu_load_params *p, uint32_t *count) {
+  kvt_ctx *ctx = L->ctx;
+  int rc = load_expect(ctx, in, p);
+  if (rc)
+    return rc;
+  *count = p->layer_count ? p->layer_count
+                          : (p->layer_first < in->layers ? in->layers - p->layer_first : 0);
+  if (p->layer_first >= in->layers || *count > in->layers - p->layer_first)
+    return kvt_fail(ctx, -EINVAL, "layers %u+%u requested from a payload of %u", p->layer_first,
+                    *count, in->layers);
+  if (in->dtype != L->d.dtype || in->heads != L->d.heads || in->head_dim != L->d.head_dim ||
+      in->tokens != p->tokens)
+    return kvt_fail(ctx, KVT_ESHAPE, "payload %s %u tokens x %u heads x %u dim; layout %s "
+                    "%u slots x %u heads x %u dim", kvt_dtype_name(in->dtype), in->tokens,
+                    in->heads, in->head_dim, kvt_dtype_name(L->d.dtype), p->tokens, L->d.heads,
+                    L->d.head_dim);
+  return 0;
+}
+
+/* The loaded sections' checksums of a device payload, on the GPU; waits. */
+static int verify_on_gpu(kvt_gpu_layout *L, const uint8_t *dev, const kvt_gpu_kparams *kp,
+                         void *stream) {
+  kvt_gpu_status *st = (kvt_gpu_status *)L->dev_aux, host;
+  int e = kvt_gpurt_verify(dev, 2 * kp->first, 2 * kp->count, st, stream);
+  if (e == 0)
+    e = kvt_gpurt_sync(stream);
+  if (e == 0)
+    e = kvt_gpurt_status(st, &host);
+  if (e)
+    return cuda_fail(L->ctx, e, "checksum kernel");
+  if (host.bad_section != UINT32_MAX)
+    return kvt_fail(L->ctx, KVT_ECHECKSUM, "section %u (layer %u %s) of the device payload: "
+                    "checksum mismatch (computed on the GPU)", host.bad_section,
+                    kp->layer_begin + host.bad_section / 2, host.bad_section % 2 ? "V" : "K");
+  return 0;
+}
+
+int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
+                 const kvt_gpu_load_params *p, void *stream) {
+  if (!L)
+    return -EINVAL;
+  kvt_ctx *ctx = L->ctx;
+  kvt_clear_error(ctx);
+  if (!payload || !p || p->struct_size < sizeof(*p) || !p->slots)
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_load: NULL payload, params or slots");
+  int kind, rc;
+  uint8_t *dev = NULL, *copy = NULL;
+  const uint8_t *hdr = NULL;
+  if ((rc = payload_addr(ctx, payload, &kind, &dev)) != 0)
+    return rc;
+  if ((rc = load_header(ctx, payload, len, kind, &copy, &hdr)) != 0)
+    return rc;
+  /* For a device payload only the header bytes are host-side: the parser
+   * reads nothing past header_size (it checks len against the header's
+   * payload_size and the table's offsets, and reads no section body). */
+  kvt_payload_info in;
+  uint32_t count = 0;
+  kvt_gpu_kparams kp;
+  if ((rc = kvt_payload_parse(ctx, hdr, len, &in)) == 0 &&
+      (rc = load_check(L, &in, p, &count)) == 0 &&
+      (rc = fill_kparams(L, &in.spec, in.tokens, in.layer_begin, in.layers, p->layer_first, count,
+                         p->slots, dev, 1, &kp)) == 0)
+    rc = load_sections(ctx, hdr,
+                       kind == KVT_GPU_MEM_PINNED && !(p->flags & KVT_GPU_LOAD_TRUST_HOST)
+                           ? payload
+                           : NULL,
+                       &kp);
+  kvt_dealloc(ctx, copy);
+  if (rc == 0 && kind == KVT_GPU_MEM_DEVICE && !(p->flags & KVT_GPU_LOAD_TRUST_DEVICE))
+    rc = verify_on_gpu(L, dev, &kp, stream);
+  if (rc)
+    return rc;
+  if (!p->layer_events) {
+    const int e = kvt_gpurt_load(&kp, stream);
+    return e ? cuda_fail(ctx, e, "load kernel launch") : 0;
+  }
+  const uint32_t first = kp.first;
+  for (uint32_t i = 0; i < count; i++) {
+    kp.first = first + i;
+    kp.count = 1;
+    int e = kvt_gpurt_load(&kp, stream);
+    if (e)
+      return cuda_fail(ctx, e, "load kernel launch");
+    if ((e = kvt_gpurt_event_record(p->layer_events[i], stream)) != 0)
+      return cuda_fail(ctx, e, "cudaEventRecord after a layer");
+  }
+  return 0;
+}
+
+#endif

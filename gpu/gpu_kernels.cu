@@ -1,0 +1,986 @@
+/* gpu/gpu_kernels.cu - the fused store and load kernels, and the thin CUDA
+ * runtime wrappers the C side (gpu_api.c) calls through kvt_gpu_layout.h.
+ *
+ * The arithmetic is serde/FORMAT.md section 4's, written with explicit
+ * round-to-nearest intrinsics (__fmul_rn, __fadd_rn, __fdiv_rn) so nvcc can
+ * neither contract into FMA nor approximate a division: each value equals the
+ * CPU reference codec's bit for bit. The element conversions are the ones
+ * tests/test_gpu_convert.c checks against the CPU on all 2^32 inputs.
+ *
+ * Work split: one grid row (blockIdx.y) per section; within it, units that
+ * need a reduction (a scale over a row or a block of rows, an i4 group along
+ * head dim) go to a sub-warp of R lanes (R a power of two, up to 32, covering
+ * a head_dim row in chunks of C elements); everything else is one thread per
+ * chunk of C consecutive elements of a (token, head) row. C is 8 (16-byte
+ * engine accesses; 16 for stores and 32 or 16 for loads of quantized
+ * sections, so each PCIe request of a warp is larger) when sizes and
+ * alignment allow, else 2 or 1. */
+#include <stdint.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "gpu_xxh3.cuh"
+#include "kvt_gpu_layout.h"
+#include "kvtier/codec.h"
+#include "kvtier/error.h"
+
+#define THREADS 256
+#define TINY_AMAX 7.8886090522101181e-31f /* 2^-100, as codec_internal.h */
+
+/* ---- elements ---- */
+
+template <int DT> __device__ __forceinline__ float h2f(uint16_t h) {
+  if (DT == KVT_DTYPE_BF16)
+    return __uint_as_float((uint32_t)h << 16);
+  return __half2float(__ushort_as_half(h));
+}
+
+template <int DT> __device__ __forceinline__ uint16_t f2h(float f) {
+  if (DT == KVT_DTYPE_BF16)
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  return __half_as_ushort(__float2half_rn(f));
+}
+
+/* C consecutive 16-bit elements, as raw bits. */
+template <int C> struct vec16 {
+  uint16_t h[C];
+};
+
+template <int C> __device__ __forceinline__ vec16<C> ld16(const uint16_t *p) {
+  vec16<C> v;
+  if (C >= 8) {
+#pragma unroll
+    for (int i = 0; i < C / 8; i++) {
+      uint4 u = reinterpret_cast<const uint4 *>(p)[i];
+      memcpy(v.h + 8 * i, &u, 16);
+    }
+  } else if (C == 2) {
+    uint32_t u = *reinterpret_cast<const uint32_t *>(p);
+    memcpy(v.h, &u, 4);
+  } else {
+    v.h[0] = *p;
+  }
+  return v;
+}
+
+template <int C> __device__ __forceinline__ void st16(uint16_t *p, const vec16<C> &v) {
+  if (C >= 8) {
+#pragma unroll
+    for (int i = 0; i < C / 8; i++) {
+      uint4 u;
+      memcpy(&u, v.h + 8 * i, 16);
+      reinterpret_cast<uint4 *>(p)[i] = u;
+    }
+  } else if (C == 2) {
+    uint32_t u;
+    memcpy(&u, v.h, 4);
+    *reinterpret_cast<uint32_t *>(p) = u;
+  } else {
+    *p = v.h[0];
+  }
+}
+
+/* N bytes (1, 2, 4, 8 or a multiple of 16) at an N-aligned (at most
+ * 16-aligned) address. */
+template <int N> __device__ __forceinline__ void st_bytes(uint8_t *p, const uint8_t *b) {
+  if (N >= 16) {
+#pragma unroll
+    for (int i = 0; i < N / 16; i++) {
+      uint4 u;
+      memcpy(&u, b + 16 * i, 16);
+      reinterpret_cast<uint4 *>(p)[i] = u;
+    }
+  } else if (N == 8) {
+    uint2 u;
+    memcpy(&u, b, 8);
+    *reinterpret_cast<uint2 *>(p) = u;
+  } else if (N == 4) {
+    uint32_t u;
+    memcpy(&u, b, 4);
+    *reinterpret_cast<uint32_t *>(p) = u;
+  } else if (N == 2) {
+    uint16_t u;
+    memcpy(&u, b, 2);
+    *reinterpret_cast<uint16_t *>(p) = u;
+  } else {
+    *p = b[0];
+  }
+}
+
+template <int N> __device__ __forceinline__ void ld_bytes(const uint8_t *p, uint8_t *b) {
+  if (N >= 16) {
+#pragma unroll
+    for (int i = 0; i < N / 16; i++) {
+      uint4 u = reinterpret_cast<const uint4 *>(p)[i];
+      memcpy(b + 16 * i, &u, 16);
+    }
+  } else if (N == 8) {
+    uint2 u = *reinterpret_cast<const uint2 *>(p);
+    memcpy(b, &u, 8);
+  } else if (N == 4) {
+    uint32_t u = *reinterpret_cast<const uint32_t *>(p);
+    memcpy(b, &u, 4);
+  } else if (N == 2) {
+    uint16_t u = *reinterpret_cast<const uint16_t *>(p);
+    memcpy(b, &u, 2);
+  } else {
+    b[0] = *p;
+  }
+}
+
+__device__ __forceinline__ float ld_f32(const uint8_t *p) {
+  return *reinterpret_cast<const float *>(p);
+}
+
+/* ---- the formats' arithmetic (FORMAT.md section 4) ---- */
+
+__device__ __forceinline__ void scale_for(float amax, float qmax, float *scale, float *inv) {
+  if (!(amax >= TINY_AMAX)) {
+    *scale = 0.0f;
+    *inv = 0.0f;
+    return;
+  }
+  *scale = __fdiv_rn(amax, qmax);
+  *inv = __fdiv_rn(1.0f, *scale);
+}
+
+__device__ __forceinline__ uint8_t q_e4m3(float x, float inv) {
+  return (uint8_t)__nv_cvt_float_to_fp8(__fmul_rn(x, inv), __NV_SATFINITE, __NV_E4M3);
+}
+
+__device__ __forceinline__ uint8_t q_i8(float x, float inv) {
+  float r = rintf(__fmul_rn(x, inv));
+  r = r > 127.0f ? 127.0f : r;
+  r = r < -127.0f ? -127.0f : r;
+  return (uint8_t)(int8_t)r;
+}
+
+__device__ __forceinline__ uint8_t q_i4(float x, float zero, float inv) {
+  float r = rintf(__fmul_rn(__fsub_rn(x, zero), inv));
+  r = r > 15.0f ? 15.0f : r;
+  r = r < 0.0f ? 0.0f : r;
+  return (uint8_t)r;
+}
+
+__device__ __forceinline__ float dq_e4m3(uint8_t b) {
+  __nv_fp8_e4m3 v;
+  v.__x = (__nv_fp8_storage_t)b;
+  return (float)v;
+}
+
+/* i4 group parameters: false when zero or scale does not fit fp16. */
+__device__ __forceinline__ bool i4_params(float mn, float mx, uint32_t *packed, float *zero,
+                                          float *inv) {
+  mn = __fadd_rn(mn, 0.0f); /* a zero extreme is +0 whatever its sign */
+  mx = __fadd_rn(mx, 0.0f);
+  __half zh = __float2half_rd(mn);
+  float z = __half2float(zh);
+  if (!isfinite(z))
+    return false;
+  __half sh = __float2half_ru(__fdiv_rn(__fsub_rn(mx, z), 15.0f));
+  float s = __half2float(sh);
+  if (!isfinite(s))
+    return false;
+  *packed = (uint32_t)__half_as_ushort(sh) | ((uint32_t)__half_as_ushort(zh) << 16);
+  *zero = z;
+  *inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
+  return true;
+}
+
+/* ---- addressing ---- */
+
+struct sec_ctx {
+  uint32_t li, kind, fmt;
+  uint8_t *dst;      /* section byte 0 */
+  uint64_t size;     /* section bytes */
+  uint64_t base;     /* engine address of layout layer's (block 0, off 0, head 0) */
+};
+
+__device__ __forceinline__ sec_ctx section(const kvt_gpu_kparams &p) {
+  sec_ctx s;
+  s.li = p.first + blockIdx.y / 2;
+  s.kind = blockIdx.y & 1;
+  const uint32_t abs = p.layer_begin + s.li;
+  s.fmt = kvt_gpu_sec_fmt(&p, abs, s.kind);
+  s.dst = p.payload + kvt_gpu_sec_offset(&p, s.li, s.kind);
+  s.size = kvt_gpu_sec_size(&p, abs, s.kind);
+  s.base = p.ptrs[s.kind * p.layout_layers + (abs - p.layout_begin)];
+  return s;
+}
+
+/* The engine row of token t, head h; NULL for a slot outside the cache. */
+__device__ __forceinline__ uint16_t *engine_row(const kvt_gpu_kparams &p, const sec_ctx &s,
+                                                uint32_t t, uint32_t h) {
+  const int64_t slot = p.slots[t];
+  if (slot < 0 || (uint64_t)slot >= p.slot_limit)
+    return nullptr;
+  const uint64_t blk = (uint64_t)slot / p.block_size, off = (uint64_t)slot % p.block_size;
+  return reinterpret_cast<uint16_t *>(s.base) + (int64_t)blk * p.stride_block +
+         (int64_t)off * p.stride_token + (int64_t)h * p.stride_head;
+}
+
+template <int DT, int C> __device__ __forceinline__ void load_x(const uint16_t *row, uint32_t d,
+                                                                float *x) {
+  if (!row) {
+#pragma unroll
+    for (int j = 0; j < C; j++)
+      x[j] = 0.0f;
+    return;
+  }
+  vec16<C> v = ld16<C>(row + d);
+#pragma unroll
+  for (int j = 0; j < C; j++)
+    x[j] = h2f<DT>(v.h[j]);
+}
+
+__device__ void report(const kvt_gpu_kparams &p, int code, const sec_ctx &s, uint32_t t,
+                       uint32_t h, uint32_t d) {
+  if (atomicCAS(&p.status->code, 0, code) == 0) {
+    p.status->layer = p.layer_begin + s.li;
+    p.status->kind = s.kind;
+    p.status->token = t;
+    p.status->head = h;
+    p.status->dim = d;
+  }
+}
+
+__device__ __forceinline__ uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ uint64_t n_scales(const kvt_gpu_kparams &p) {
+  if (p.scale == KVT_SCALE_BLOCK)
+    return div_up(p.tokens, p.block) * p.heads;
+  if (p.scale == KVT_SCALE_LAYER)
+    return 1;
+  return (uint64_t)p.tokens * p.heads;
+}
+
+__device__ __forceinline__ bool kivi(const kvt_gpu_kparams &p, const sec_ctx &s) {
+  return s.kind == 0 && p.k_axis == KVT_AXIS_TOKEN;
+}
+
+__device__ __forceinline__ uint64_t n_i4_groups(const kvt_gpu_kparams &p, const sec_ctx &s) {
+  if (kivi(p, s))
+    return div_up(p.tokens, p.group) * p.heads * p.head_dim;
+  return (uint64_t)p.tokens * p.heads * (p.head_dim / p.group);
+}
+
+/* Bytes before the codes: scales or i4 parameters, 16-byte aligned. */
+__device__ __forceinline__ uint64_t codes_at(const kvt_gpu_kparams &p, const sec_ctx &s) {
+  if (s.fmt == KVT_FMT_E4M3 || s.fmt == KVT_FMT_I8)
+    return kvt_gpu_align(4 * n_scales(p), 16);
+  if (s.fmt == KVT_FMT_I4)
+    return kvt_gpu_align(4 * n_i4_groups(p, s), 16);
+  return 0;
+}
+
+/* Sub-warp width: lanes that share one head_dim row. */
+__device__ __forceinline__ uint32_t row_lanes(uint32_t chunks) {
+  if (chunks >= 32)
+    return 32;
+  return chunks <= 1 ? 1 : 1u << (32 - __clz(chunks - 1));
+}
+
+__device__ __forceinline__ float sub_max(float v, uint32_t R) {
+  for (uint32_t o = 1; o < R; o <<= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float sub_min(float v, uint32_t R) {
+  for (uint32_t o = 1; o < R; o <<= 1)
+    v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* ---- store ---- */
+
+/* Zero padding owned by a section: the gap before its codes and the gap up
+ * to the next section (none after the payload's last section). */
+__device__ void store_padding(const kvt_gpu_kparams &p, const sec_ctx &s) {
+  if (blockIdx.x != 0 || threadIdx.x >= 64)
+    return;
+  const uint64_t ca = codes_at(p, s);
+  uint64_t pre = 0;
+  if (s.fmt == KVT_FMT_E4M3 || s.fmt == KVT_FMT_I8)
+    pre = 4 * n_scales(p);
+  else if (s.fmt == KVT_FMT_I4)
+    pre = 4 * n_i4_groups(p, s);
+  if (pre + threadIdx.x < ca)
+    s.dst[pre + threadIdx.x] = 0;
+  const bool last = s.li + 1 == p.payload_layers && s.kind == 1;
+  if (!last && s.size + threadIdx.x < kvt_gpu_align(s.size, 64))
+    s.dst[s.size + threadIdx.x] = 0;
+}
+
+template <int DT, int C> __device__ void store_n16(const kvt_gpu_kparams &p, const sec_ctx &s) {
+  const uint32_t cpr = p.head_dim / C;
+  const uint64_t n = (uint64_t)p.tokens * p.heads * cpr;
+  uint16_t *out = reinterpret_cast<uint16_t *>(s.dst);
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t row = i / cpr;
+    const uint32_t d = (uint32_t)(i % cpr) * C;
+    const uint16_t *src = engine_row(p, s, (uint32_t)(row / p.heads), (uint32_t)(row % p.heads));
+    vec16<C> v;
+    if (src)
+      v = ld16<C>(src + d);
+    else
+#pragma unroll
+      for (int j = 0; j < C; j++)
+        v.h[j] = 0;
+    st16<C>(out + row * p.head_dim + d, v);
+  }
+}
+
+/* Quantizes C elements with one inv into codes[]. */
+template <int C> __device__ __forceinline__ void quant_c(int fmt, const float *x, float inv,
+                                                       uint8_t *codes) {
+#pragma unroll
+  for (int j = 0; j < C; j++)
+    codes[j] = fmt == KVT_FMT_E4M3 ? q_e4m3(x[j], inv) : q_i8(x[j], inv);
+}
+
+/* e4m3/i8 with one scale per token or per block of tokens, per head: a
+ * sub-warp per (span, head) unit: amax over the span, then quantize. */
+template <int DT, int C> __device__ void store_scaled(const kvt_gpu_kparams &p,
+                                                      const sec_ctx &s) {
+  const uint32_t cpr = p.head_dim / C, R = row_lanes(cpr), per_warp = 32 / R;
+  const uint32_t lane = threadIdx.x & 31, sub = lane % R;
+  const uint32_t span = p.scale == KVT_SCALE_TOKEN ? 1 : p.block;
+  const uint64_t units = div_up(p.tokens, span) * p.heads;
+  const float qmax = s.fmt == KVT_FMT_E4M3 ? 448.0f : 127.0f;
+  uint8_t *codes = s.dst + codes_at(p, s);
+  const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32;
+  for (uint64_t u0 = warp * per_warp; u0 < units; u0 += nwarps * per_warp) {
+    const uint64_t u = u0 + lane / R;
+    const bool active = u < units;
+    const uint32_t h = active ? (uint32_t)(u % p.heads) : 0;
+    const uint32_t t0 = active ? (uint32_t)(u / p.heads) * span : 0;
+    const uint32_t t1 = active ? min(p.tokens, t0 + span) : 0;
+    float m = 0.0f;
+    int bad_t = -1, bad_d = 0;
+    for (uint32_t t = t0; t < t1; t++) {
+      const uint16_t *row = engine_row(p, s, t, h);
+      for (uint32_t c = sub; c < cpr; c += R) {
+        float x[C];
+        load_x<DT, C>(row, c * C, x);
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+          if (!isfinite(x[j]) && bad_t < 0) {
+            bad_t = (int)t;
+            bad_d = (int)(c * C + j);
+          }
+          m = fmaxf(m, fabsf(x[j]));
+        }
+      }
+    }
+    m = sub_max(m, R);
+    if (bad_t >= 0)
+      report(p, KVT_ENONFINITE, s, (uint32_t)bad_t, h, (uint32_t)bad_d);
+    if (!active)
+      continue;
+    float scale, inv;
+    scale_for(m, qmax, &scale, &inv);
+    if (sub == 0)
+      *reinterpret_cast<float *>(s.dst + 4 * u) = scale; /* [span][head] order is u's */
+    for (uint32_t t = t0; t < t1; t++) {
+      const uint16_t *row = engine_row(p, s, t, h);
+      uint8_t *out = codes + ((uint64_t)t * p.heads + h) * p.head_dim;
+      for (uint32_t c = sub; c < cpr; c += R) {
+        float x[C];
+        uint8_t q[C];
+        load_x<DT, C>(row, c * C, x);
+        quant_c<C>(s.fmt, x, inv, q);
+        st_bytes<C>(out + c * C, q);
+      }
+    }
+  }
+}
+
+/* e4m3/i8 with one scale per layer: amax from the pre-pass; per chunk. */
+template <int DT, int C> __device__ void store_layer_scaled(const kvt_gpu_kparams &p,
+                                                            const sec_ctx &s) {
+  const float qmax = s.fmt == KVT_FMT_E4M3 ? 448.0f : 127.0f;
+  float scale, inv;
+  scale_for(p.amax[blockIdx.y], qmax, &scale, &inv);
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    *reinterpret_cast<float *>(s.dst) = scale;
+  uint8_t *codes = s.dst + codes_at(p, s);
+  const uint32_t cpr = p.head_dim / C;
+  const uint64_t n = (uint64_t)p.tokens * p.heads * cpr;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t row = i / cpr;
+    const uint32_t d = (uint32_t)(i % cpr) * C;
+    float x[C];
+    uint8_t q[C];
+    load_x<DT, C>(engine_row(p, s, (uint32_t)(row / p.heads), (uint32_t)(row % p.heads)), d, x);
+    quant_c<C>(s.fmt, x, inv, q);
+    st_bytes<C>(codes + row * p.head_dim + d, q);
+  }
+}
+
+template <int C> __device__ __forceinline__ void pack_i4(const float *x, const float *zero,
+                                                       const float *inv, uint8_t *nib) {
+#pragma unroll
+  for (int j = 0; j < C / 2; j++)
+    nib[j] = (uint8_t)(q_i4(x[2 * j], zero[2 * j], inv[2 * j]) |
+                       (q_i4(x[2 * j + 1], zero[2 * j + 1], inv[2 * j + 1]) << 4));
+}
+
+/* i4 groups of G along head dim: a sub-warp per (token, head) row. When a
+ * group's chunks are a power of two dividing the sub-warp, its lanes reduce
+ * by shuffles; otherwise each lane walks whole groups alone. */
+template <int DT, int C> __device__ void store_i4_dim(const kvt_gpu_kparams &p,
+                                                      const sec_ctx &s) {
+  const uint32_t D = p.head_dim, G = p.group, NG = D / G, cpr = D / C, cpg = G / C;
+  const uint32_t R = row_lanes(cpr), per_warp = 32 / R;
+  const bool shuffled = (cpg & (cpg - 1)) == 0 && cpg <= R;
+  const uint32_t lane = threadIdx.x & 31, sub = lane % R;
+  const uint64_t rows = (uint64_t)p.tokens * p.heads;
+  uint8_t *params = s.dst, *codes = s.dst + codes_at(p, s);
+  const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32;
+  for (uint64_t r0 = warp * per_warp; r0 < rows; r0 += nwarps * per_warp) {
+    const uint64_t r = r0 + lane / R;
+    const bool active = r < rows;
+    const uint32_t t = active ? (uint32_t)(r / p.heads) : 0;
+    const uint32_t h = active ? (uint32_t)(r % p.heads) : 0;
+    const uint16_t *row = active ? engine_row(p, s, t, h) : nullptr;
+    if (shuffled) {
+      for (uint32_t c0 = 0; c0 < cpr; c0 += R) { /* uniform within the warp: cpr is */
+        const uint32_t c = c0 + sub;
+        const bool on = active && c < cpr;
+        float x[C], mn = INFINITY, mx = -INFINITY;
+        load_x<DT, C>(on ? row : nullptr, on ? c * C : 0, x);
+        int bad = -1;
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+          if (on && !isfinite(x[j]) && bad < 0)
+            bad = (int)(c * C + j);
+          mn = fminf(mn, x[j]);
+          mx = fmaxf(mx, x[j]);
+        }
+        if (!on) {
+          mn = INFINITY;
+          mx = -INFINITY;
+        }
+        mn = sub_min(mn, cpg);
+        mx = sub_max(mx, cpg);
+        if (bad >= 0)
+          report(p, KVT_ENONFINITE, s, t, h, (uint32_t)bad);
+        if (!on)
+          continue;
+        uint32_t packed = 0;
+        float zero = 0.0f, inv = 0.0f;
+        if (!i4_params(mn, mx, &packed, &zero, &inv)) {
+          report(p, KVT_ERANGE, s, t, h, (c / cpg) * G);
+          continue;
+        }
+        if (c % cpg == 0)
+          *reinterpret_cast<uint32_t *>(params + 4 * (r * NG + c / cpg)) = packed;
+        float zs[C], is[C];
+        uint8_t nib[C / 2 > 0 ? C / 2 : 1];
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+          zs[j] = zero;
+          is[j] = inv;
+        }
+        pack_i4<C>(x, zs, is, nib);
+        st_bytes<C / 2>(codes + (r * D + c * C) / 2, nib);
+      }
+      continue;
+    }
+    if (!active)
+      continue;
+    for (uint32_t g = sub; g < NG; g += R) {
+      float mn = INFINITY, mx = -INFINITY;
+      int bad = -1;
+      for (uint32_t c = g * cpg; c < (g + 1) * cpg; c++) {
+        float x[C];
+        load_x<DT, C>(row, c * C, x);
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+          if (!isfinite(x[j]) && bad < 0)
+            bad = (int)(c * C + j);
+          mn = fminf(mn, x[j]);
+          mx = fmaxf(mx, x[j]);
+        }
+      }
+      if (bad >= 0) {
+        report(p, KVT_ENONFINITE, s, t, h, (uint32_t)bad);
+        continue;
+      }
+      uint32_t packed;
+      float zero, inv;
+      if (!i4_params(mn, mx, &packed, &zero, &inv)) {
+        report(p, KVT_ERANGE, s, t, h, g * G);
+        continue;
+      }
+      *reinterpret_cast<uint32_t *>(params + 4 * (r * NG + g)) = packed;
+      float zs[C], is[C];
+#pragma unroll
+      for (int j = 0; j < C; j++) {
+        zs[j] = zero;
+        is[j] = inv;
+      }
+      for (uint32_t c = g * cpg; c < (g + 1) * cpg; c++) {
+        float x[C];
+        uint8_t nib[C / 2 > 0 ? C / 2 : 1];
+        load_x<DT, C>(row, c * C, x);
+        pack_i4<C>(x, zs, is, nib);
+        st_bytes<C / 2>(codes + (r * D + c * C) / 2, nib);
+      }
+    }
+  }
+}
+
+/* i4 keys grouped along tokens (KIVI): one thread per (token group, head,
+ * chunk of C channels); each channel has its own parameters. */
+template <int DT, int C> __device__ void store_i4_tok(const kvt_gpu_kparams &p,
+                                                      const sec_ctx &s) {
+  const uint32_t D = p.head_dim, G = p.group, cpr = D / C;
+  const uint64_t n = div_up(p.tokens, G) * p.heads * cpr;
+  uint8_t *params = s.dst, *codes = s.dst + codes_at(p, s);
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t gh = i / cpr; /* (token group, head) */
+    const uint32_t c = (uint32_t)(i % cpr), h = (uint32_t)(gh % p.heads);
+    const uint32_t t0 = (uint32_t)(gh / p.heads) * G, t1 = min(p.tokens, t0 + G);
+    float mn[C], mx[C], zs[C], is[C];
+#pragma unroll
+    for (int j = 0; j < C; j++) {
+      mn[j] = INFINITY;
+      mx[j] = -INFINITY;
+    }
+    bool bad = false;
+    for (uint32_t t = t0; t < t1 && !bad; t++) {
+      float x[C];
+      load_x<DT, C>(engine_row(p, s, t, h), c * C, x);
+#pragma unroll
+      for (int j = 0; j < C; j++) {
+        if (!isfinite(x[j]) && !bad) {
+          bad = true;
+          report(p, KVT_ENONFINITE, s, t, h, c * C + j);
+        }
+        mn[j] = fminf(mn[j], x[j]);
+        mx[j] = fmaxf(mx[j], x[j]);
+      }
+    }
+    if (bad)
+      continue;
+    uint32_t packed[C];
+    for (int j = 0; j < C && !bad; j++)
+      if (!i4_params(mn[j], mx[j], &packed[j], &zs[j], &is[j])) {
+        bad = true;
+        report(p, KVT_ERANGE, s, t0, h, c * C + j);
+      }
+    if (bad)
+      continue;
+    uint32_t *pp = reinterpret_cast<uint32_t *>(params + 4 * (gh * D + c * C));
+#pragma unroll
+    for (int j = 0; j < C; j++)
+      pp[j] = packed[j];
+    for (uint32_t t = t0; t < t1; t++) {
+      float x[C];
+      uint8_t nib[C / 2 > 0 ? C / 2 : 1];
+      load_x<DT, C>(engine_row(p, s, t, h), c * C, x);
+      pack_i4<C>(x, zs, is, nib);
+      st_bytes<C / 2>(codes + (((uint64_t)t * p.heads + h) * D + c * C) / 2, nib);
+    }
+  }
+}
+
+template <int DT, int C> __global__ void __launch_bounds__(THREADS)
+    store_kernel(const kvt_gpu_kparams p) {
+  const sec_ctx s = section(p);
+  store_padding(p, s);
+  switch (s.fmt) {
+  case KVT_FMT_N16:
+    store_n16<DT, (C > 8 ? 8 : C)>(p, s); /* 32 bytes a thread is too many for n16 */
+    break;
+  case KVT_FMT_E4M3:
+  case KVT_FMT_I8:
+    if (p.scale == KVT_SCALE_LAYER)
+      store_layer_scaled<DT, C>(p, s);
+    else
+      store_scaled<DT, C>(p, s);
+    break;
+  default:
+    if constexpr (C >= 2) {
+      if (kivi(p, s))
+        store_i4_tok<DT, C>(p, s);
+      else
+        store_i4_dim<DT, C>(p, s);
+    }
+    break;
+  }
+}
+
+/* Layer-scale pre-pass: the largest |x| of each e4m3/i8 section into
+ * p.amax[section] (zeroed before), by atomicMax on the bits of non-negative
+ * floats (their order is the integers' order). */
+template <int DT, int C> __global__ void __launch_bounds__(THREADS)
+    amax_kernel(const kvt_gpu_kparams p) {
+  const sec_ctx s = section(p);
+  if (s.fmt != KVT_FMT_E4M3 && s.fmt != KVT_FMT_I8)
+    return;
+  const uint32_t cpr = p.head_dim / C;
+  const uint64_t n = (uint64_t)p.tokens * p.heads * cpr;
+  float m = 0.0f;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t row = i / cpr;
+    const uint32_t d = (uint32_t)(i % cpr) * C, t = (uint32_t)(row / p.heads);
+    const uint32_t h = (uint32_t)(row % p.heads);
+    float x[C];
+    load_x<DT, C>(engine_row(p, s, t, h), d, x);
+#pragma unroll
+    for (int j = 0; j < C; j++) {
+      if (!isfinite(x[j]))
+        report(p, KVT_ENONFINITE, s, t, h, d + j);
+      m = fmaxf(m, fabsf(x[j]));
+    }
+  }
+  m = sub_max(m, 32);
+  if ((threadIdx.x & 31) == 0)
+    atomicMax(reinterpret_cast<unsigned *>(&p.amax[blockIdx.y]), __float_as_uint(m));
+}
+
+/* ---- load ---- */
+
+/* The 4C parameter bytes of each lane's chunk (at pp; on: the lane has one),
+ * read by the whole warp in 16-byte pieces so that one instruction reads
+ * neighbouring lanes' blocks together (one PCIe request, not 32 strided
+ * ones), through a warp-private staging area. C >= 4. */
+template <int C> __device__ __forceinline__ void ld_params_warp(const uint8_t *pp, bool on,
+                                                               uint32_t *pr) {
+  constexpr int PB = C / 4; /* pieces per lane */
+  __shared__ uint4 stage[THREADS / 32][32 * PB];
+  const uint32_t lane = threadIdx.x & 31, w = threadIdx.x / 32;
+  const unsigned long long addr = on ? (unsigned long long)(uintptr_t)pp : 0ull;
+#pragma unroll
+  for (int k = 0; k < PB; k++) {
+    const uint32_t owner = (k * 32 + lane) / PB, piece = (k * 32 + lane) % PB;
+    const unsigned long long a = __shfl_sync(0xffffffffu, addr, owner);
+    if (a)
+      stage[w][owner * PB + piece] = reinterpret_cast<const uint4 *>((uintptr_t)a)[piece];
+  }
+  __syncwarp();
+  if (on)
+    memcpy(pr, &stage[w][lane * PB], 4 * C);
+  __syncwarp();
+}
+
+/* i4 keys grouped along tokens: one thread per (token group, head, chunk of
+ * C channels) reads the chunk's C parameters once and walks the group's
+ * tokens; consecutive threads read consecutive nibble words of one token.
+ * The loop is warp-uniform (ld_params_warp is a warp collective). */
+template <int DT, int C> __device__ void load_i4_tok(const kvt_gpu_kparams &p,
+                                                     const sec_ctx &s) {
+  const uint32_t D = p.head_dim, H = p.heads, G = p.group, cpr = D / C;
+  const uint64_t groups = div_up(p.tokens, G) * H * cpr;
+  /* Small loads split each group's tokens over threads (re-reading its
+   * parameters) so that there are enough threads to hide PCIe latency. */
+  const uint32_t part = groups * gridDim.y < 8192 ? 8 : G, parts = (G + part - 1) / part;
+  const uint64_t n = groups * parts;
+  const uint8_t *codes = s.dst + codes_at(p, s);
+  const uint32_t lane = threadIdx.x & 31;
+  for (uint64_t i0 = (uint64_t)blockIdx.x * blockDim.x + (threadIdx.x & ~31u); i0 < n;
+       i0 += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t i = i0 + lane;
+    const bool on = i < n;
+    const uint64_t gi = i % groups, gh = gi / cpr; /* neighbours: neighbouring chunks */
+    const uint32_t d = (uint32_t)(gi % cpr) * C, h = (uint32_t)(gh % H);
+    const uint32_t g0 = (uint32_t)(gh / H) * G, t0 = g0 + (uint32_t)(i / groups) * part;
+    const uint32_t t1 = on ? min(min(p.tokens, g0 + G), t0 + part) : t0;
+    uint32_t pr[C];
+    const uint8_t *pp = s.dst + 4 * (gh * D + d);
+    if constexpr (C >= 4)
+      ld_params_warp<C>(pp, on, pr);
+    else if (on)
+      ld_bytes<4 * C>(pp, reinterpret_cast<uint8_t *>(pr));
+    if (!on)
+      continue;
+    constexpr int B = 4; /* tokens whose nibbles are read before any is written */
+    for (uint32_t tb = t0; tb < t1; tb += B) {
+      uint8_t nib[B][C / 2];
+#pragma unroll
+      for (int b = 0; b < B; b++)
+        if (tb + b < t1)
+          ld_bytes<C / 2>(codes + (((uint64_t)(tb + b) * H + h) * D + d) / 2, nib[b]);
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        uint16_t *out = tb + b < t1 ? engine_row(p, s, tb + b, h) : nullptr;
+        if (!out)
+          continue;
+        vec16<C> v;
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+          const uint32_t q = (nib[b][j / 2] >> (4 * (j & 1))) & 15u;
+          const float sc = __half2float(__ushort_as_half((uint16_t)(pr[j] & 0xffffu)));
+          const float z = __half2float(__ushort_as_half((uint16_t)(pr[j] >> 16)));
+          v.h[j] = f2h<DT>(__fadd_rn(__fmul_rn((float)q, sc), z));
+        }
+        st16<C>(out + d, v);
+      }
+    }
+  }
+}
+
+/* Every other section: one thread per chunk of C elements of a row. */
+template <int DT, int C> __device__ void load_rows(const kvt_gpu_kparams &p, const sec_ctx &s) {
+  const uint32_t D = p.head_dim, H = p.heads, cpr = D / C;
+  const uint64_t n = (uint64_t)p.tokens * H * cpr;
+  const uint8_t *src = s.dst;
+  const uint8_t *codes = src + codes_at(p, s);
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t row = i / cpr;
+    const uint32_t d = (uint32_t)(i % cpr) * C, t = (uint32_t)(row / H), h = (uint32_t)(row % H);
+    uint16_t *out = engine_row(p, s, t, h);
+    if (!out)
+      continue;
+    vec16<C> v;
+    if (s.fmt == KVT_FMT_N16) {
+      v = ld16<C>(reinterpret_cast<const uint16_t *>(src) + row * D + d);
+    } else if (s.fmt == KVT_FMT_E4M3 || s.fmt == KVT_FMT_I8) {
+      const uint64_t si = p.scale == KVT_SCALE_TOKEN   ? row
+                          : p.scale == KVT_SCALE_BLOCK ? (uint64_t)(t / p.block) * H + h
+                                                       : 0;
+      const float scale = ld_f32(src + 4 * si);
+      uint8_t q[C];
+      ld_bytes<C>(codes + row * D + d, q);
+#pragma unroll
+      for (int j = 0; j < C; j++) {
+        const float y = s.fmt == KVT_FMT_E4M3 ? dq_e4m3(q[j]) : (float)(int8_t)q[j];
+        v.h[j] = f2h<DT>(__fmul_rn(y, scale));
+      }
+    } else {
+      if constexpr (C >= 2) {
+        uint8_t nib[C / 2];
+        ld_bytes<C / 2>(codes + (row * D + d) / 2, nib);
+        const uint32_t one =
+            *reinterpret_cast<const uint32_t *>(src + 4 * (row * (D / p.group) + d / p.group));
+        const float sc = __half2float(__ushort_as_half((uint16_t)(one & 0xffffu)));
+        const float z = __half2float(__ushort_as_half((uint16_t)(one >> 16)));
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+          const uint32_t q = (nib[j / 2] >> (4 * (j & 1))) & 15u;
+          v.h[j] = f2h<DT>(__fadd_rn(__fmul_rn((float)q, sc), z));
+        }
+      }
+    }
+    st16<C>(out + d, v);
+  }
+}
+
+template <int DT, int C> __global__ void __launch_bounds__(THREADS)
+    load_kernel(const kvt_gpu_kparams p) {
+  const sec_ctx s = section(p);
+  if constexpr (C >= 2) {
+    if (s.fmt == KVT_FMT_I4 && kivi(p, s)) {
+      load_i4_tok<DT, C>(p, s);
+      return;
+    }
+  }
+  if constexpr (C == 32) {
+    if (s.fmt == KVT_FMT_N16) { /* 64 bytes a thread is too many for n16 */
+      load_rows<DT, 16>(p, s);
+      return;
+    }
+  }
+  load_rows<DT, C>(p, s);
+}
+
+/* ---- launchers ---- */
+
+static dim3 grid_for(const kvt_gpu_kparams *p, uint64_t threads_per_section) {
+  const uint32_t sections = 2 * p->count;
+  uint64_t x = (threads_per_section + THREADS - 1) / THREADS;
+  const uint64_t cap = 8192 / sections > 0 ? 8192 / sections : 1;
+  x = x < 1 ? 1 : x > cap ? cap : x;
+  return dim3((unsigned)x, sections);
+}
+
+template <int DT> static int launch_store(const kvt_gpu_kparams *p, cudaStream_t st) {
+  const uint64_t threads = (uint64_t)p->tokens * p->heads * (p->head_dim / p->chunk);
+  const dim3 grid = grid_for(p, threads);
+  cudaError_t e = cudaMemsetAsync(p->status, 0, sizeof(kvt_gpu_status), st);
+  if (e != cudaSuccess)
+    return (int)e;
+  const bool scaled = p->fmt[0] == KVT_FMT_E4M3 || p->fmt[0] == KVT_FMT_I8 ||
+                      p->fmt[1] == KVT_FMT_E4M3 || p->fmt[1] == KVT_FMT_I8;
+  if (scaled && p->scale == KVT_SCALE_LAYER) {
+    if ((e = cudaMemsetAsync(p->amax, 0, 2 * p->count * sizeof(float), st)) != cudaSuccess)
+      return (int)e;
+    if (p->chunk == 16)
+      amax_kernel<DT, 16><<<grid, THREADS, 0, st>>>(*p);
+    else if (p->chunk == 8)
+      amax_kernel<DT, 8><<<grid, THREADS, 0, st>>>(*p);
+    else if (p->chunk == 2)
+      amax_kernel<DT, 2><<<grid, THREADS, 0, st>>>(*p);
+    else
+      amax_kernel<DT, 1><<<grid, THREADS, 0, st>>>(*p);
+  }
+  if (p->chunk == 16)
+    store_kernel<DT, 16><<<grid, THREADS, 0, st>>>(*p);
+  else if (p->chunk == 8)
+    store_kernel<DT, 8><<<grid, THREADS, 0, st>>>(*p);
+  else if (p->chunk == 2)
+    store_kernel<DT, 2><<<grid, THREADS, 0, st>>>(*p);
+  else
+    store_kernel<DT, 1><<<grid, THREADS, 0, st>>>(*p);
+  return (int)cudaGetLastError();
+}
+
+template <int DT> static int launch_load(const kvt_gpu_kparams *p, cudaStream_t st) {
+  const uint64_t threads = (uint64_t)p->tokens * p->heads * (p->head_dim / p->chunk);
+  const dim3 grid = grid_for(p, threads);
+  if (p->chunk == 32)
+    load_kernel<DT, 32><<<grid, THREADS, 0, st>>>(*p);
+  else if (p->chunk == 16)
+    load_kernel<DT, 16><<<grid, THREADS, 0, st>>>(*p);
+  else if (p->chunk == 8)
+    load_kernel<DT, 8><<<grid, THREADS, 0, st>>>(*p);
+  else if (p->chunk == 2)
+    load_kernel<DT, 2><<<grid, THREADS, 0, st>>>(*p);
+  else
+    load_kernel<DT, 1><<<grid, THREADS, 0, st>>>(*p);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int kvt_gpurt_store(const kvt_gpu_kparams *p, void *stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  return p->dtype == KVT_DTYPE_BF16 ? launch_store<KVT_DTYPE_BF16>(p, st)
+                                    : launch_store<KVT_DTYPE_F16>(p, st);
+}
+
+extern "C" int kvt_gpurt_load(const kvt_gpu_kparams *p, void *stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  return p->dtype == KVT_DTYPE_BF16 ? launch_load<KVT_DTYPE_BF16>(p, st)
+                                    : launch_load<KVT_DTYPE_F16>(p, st);
+}
+
+extern "C" const char *kvt_gpurt_error_string(int err) {
+  return cudaGetErrorString(static_cast<cudaError_t>(err));
+}
+
+extern "C" int kvt_gpurt_device_count(int *n) {
+  *n = 0;
+  return (int)cudaGetDeviceCount(n);
+}
+
+extern "C" int kvt_gpurt_pointer(const void *p, int *kind, void **dev) {
+  cudaPointerAttributes a;
+  cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess)
+    return (int)e;
+  *dev = a.devicePointer;
+  switch (a.type) {
+  case cudaMemoryTypeHost:
+    *kind = 1; /* KVT_GPU_MEM_PINNED */
+    break;
+  case cudaMemoryTypeDevice:
+  case cudaMemoryTypeManaged:
+    *kind = 2; /* KVT_GPU_MEM_DEVICE */
+    break;
+  default:
+    *kind = 0;
+    *dev = nullptr;
+    break;
+  }
+  return 0;
+}
+
+extern "C" int kvt_gpurt_malloc(void **p, size_t n) { return (int)cudaMalloc(p, n); }
+extern "C" void kvt_gpurt_free(void *p) { cudaFree(p); }
+extern "C" int kvt_gpurt_zero(void *p, size_t n) { return (int)cudaMemset(p, 0, n); }
+
+extern "C" int kvt_gpurt_copy_h2d(void *dst, const void *src, size_t n) {
+  return (int)cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);
+}
+
+extern "C" int kvt_gpurt_copy_d2h(void *dst, const void *src, size_t n) {
+  return (int)cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost);
+}
+
+extern "C" int kvt_gpurt_sync(void *stream) {
+  return (int)cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int kvt_gpurt_event_record(void *event, void *stream) {
+  return (int)cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream));
+}
+
+/* ---- checksums of payloads in device memory ---- */
+
+/* XXH3-64 of in[0..len) by a group of 8 lanes; every lane gets it. */
+__device__ uint64_t group_hash(const uint8_t *in, uint64_t len, int lane, unsigned gmask) {
+  if (len > 240)
+    return kvt_xxh3::hash_long(in, len, lane, gmask);
+  uint64_t h = lane == 0 ? kvt_xxh3::hash_short(in, len) : 0;
+  return __shfl_sync(gmask, h, 0, 8);
+}
+
+/* One group of 8 lanes per section: write (seal) or compare (verify). */
+__global__ void sections_hash_kernel(uint8_t *payload, uint32_t first, uint32_t count, int write,
+                                     kvt_gpu_status *st) {
+  const uint32_t g = (blockIdx.x * blockDim.x + threadIdx.x) / 8;
+  const int lane = threadIdx.x & 7;
+  const unsigned gmask = 0xFFu << (threadIdx.x & 24);
+  if (g >= count) /* the group's 8 lanes leave together */
+    return;
+  const uint32_t i = first + g;
+  uint8_t *e = payload + 128 + 48 * (uint64_t)i;
+  const uint64_t off = kvt_xxh3::rd64(e + 8), n = kvt_xxh3::rd64(e + 16);
+  const uint64_t h = group_hash(payload + off, n, lane, gmask);
+  if (lane != 0)
+    return;
+  if (write)
+    *reinterpret_cast<uint64_t *>(e + 32) = h; /* entries are 16-byte aligned */
+  else if (kvt_xxh3::rd64(e + 32) != h)
+    atomicMin(&st->bad_section, i);
+}
+
+/* The header checksum, after the section checksums are in the table. */
+__global__ void header_hash_kernel(uint8_t *payload, uint64_t header_size) {
+  const int lane = threadIdx.x & 7;
+  const uint64_t h = group_hash(payload, header_size, lane, 0xFFu);
+  if (lane == 0)
+    *reinterpret_cast<uint64_t *>(payload + 120) = h;
+}
+
+extern "C" int kvt_gpurt_seal(uint8_t *payload, uint32_t sections, uint64_t header_size,
+                              void *stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const unsigned blocks = (sections * 8 + 127) / 128;
+  sections_hash_kernel<<<blocks, 128, 0, st>>>(payload, 0, sections, 1, nullptr);
+  header_hash_kernel<<<1, 8, 0, st>>>(payload, header_size);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int kvt_gpurt_verify(const uint8_t *payload, uint32_t first, uint32_t count,
+                                kvt_gpu_status *status, void *stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaMemsetAsync(&status->bad_section, 0xFF, sizeof(uint32_t), st);
+  if (e != cudaSuccess)
+    return (int)e;
+  const unsigned blocks = (count * 8 + 127) / 128;
+  sections_hash_kernel<<<blocks, 128, 0, st>>>(const_cast<uint8_t *>(payload), first, count, 0,
+                                               status);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int kvt_gpurt_copy_h2d_async(void *dst, const void *src, size_t n, void *stream) {
+  return (int)cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice,
+                              static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int kvt_gpurt_status(const kvt_gpu_status *dev, kvt_gpu_status *host) {
+  return (int)cudaMemcpy(host, dev, sizeof(*host), cudaMemcpyDeviceToHost);
+}

@@ -1,0 +1,147 @@
+/* gpu/kvt_gpu_layout.h - what the host side (gpu_api.c, C) hands the store
+ * and load kernels (CUDA): the engine layout, the payload geometry and the
+ * device status word, in plain fixed-size structs shared by both compilers,
+ * with their sizes asserted so the two never disagree. Also the payload
+ * section-offset arithmetic both sides use. Internal: not installed. */
+#ifndef KVT_GPU_LAYOUT_H
+#define KVT_GPU_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define KVT_HD __host__ __device__ __forceinline__
+#else
+#define KVT_HD static inline
+#endif
+
+#ifdef __cplusplus
+#define KVT_GPU_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define KVT_GPU_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+
+/* The store kernel's verdict, in device memory, reset before each store. */
+typedef struct kvt_gpu_status {
+  int32_t code; /* 0, KVT_ENONFINITE or KVT_ERANGE: the first to set it wins */
+  uint32_t layer, kind, token, head, dim;
+  uint32_t bad_section; /* verify: the lowest section whose checksum differs, or ~0 */
+  uint32_t reserved;
+} kvt_gpu_status;
+KVT_GPU_STATIC_ASSERT(sizeof(kvt_gpu_status) == 32, "kvt_gpu_status is 32 bytes");
+
+/* One store or load launch. Element addresses: ptrs[l] (K, then V at
+ * ptrs[layout_layers + l]) points at (block 0, offset 0, head 0, dim 0) of
+ * layout layer l, offsets already applied; strides in elements. */
+typedef struct kvt_gpu_kparams {
+  const uint64_t *ptrs;    /* device [2 * layout_layers] */
+  const int64_t *slots;    /* device [tokens] */
+  uint8_t *payload;        /* device-accessible address of payload byte 0 */
+  kvt_gpu_status *status;  /* device; store only */
+  float *amax;             /* device [2 * count]: layer-scale maxima; store only */
+  int64_t stride_block, stride_token, stride_head;
+  uint64_t slot_limit;     /* num_blocks * block_size */
+  uint64_t header_size;
+  uint64_t sec_bytes[2];   /* K and V section bytes of a layer that is not raw */
+  uint64_t raw_bytes;      /* bytes of an n16 section */
+  uint64_t raw_layers[4];  /* bit l: absolute layer l is raw */
+  uint32_t block_size, layout_layers, layout_begin;
+  uint32_t tokens, heads, head_dim, dtype;
+  uint32_t layer_begin;    /* the payload's first absolute layer */
+  uint32_t payload_layers; /* layers in the payload */
+  uint32_t first, count;   /* payload-relative layers of this launch */
+  uint32_t group, block;   /* i4 group size; tokens per scale block */
+  uint8_t fmt[2];          /* the spec's K and V formats (enum kvt_fmt) */
+  uint8_t scale, k_axis;   /* enum kvt_scale, enum kvt_axis */
+  uint32_t chunk;          /* elements per lane step: 1, 2 or 8 */
+  uint32_t reserved;
+} kvt_gpu_kparams;
+KVT_GPU_STATIC_ASSERT(sizeof(kvt_gpu_kparams) == 200, "kvt_gpu_kparams layout");
+KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, stride_block) == 40, "kvt_gpu_kparams layout");
+KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, block_size) == 136, "kvt_gpu_kparams layout");
+KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, fmt) == 188, "kvt_gpu_kparams layout");
+
+KVT_HD uint64_t kvt_gpu_align(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
+
+KVT_HD int kvt_gpu_layer_raw(const kvt_gpu_kparams *p, uint32_t layer) {
+  return layer < 256 && ((p->raw_layers[layer / 64] >> (layer % 64)) & 1);
+}
+
+/* The format of section kind (0 K, 1 V) of an absolute layer. */
+KVT_HD int kvt_gpu_sec_fmt(const kvt_gpu_kparams *p, uint32_t layer, int kind) {
+  return kvt_gpu_layer_raw(p, layer) ? 0 : p->fmt[kind];
+}
+
+KVT_HD uint64_t kvt_gpu_sec_size(const kvt_gpu_kparams *p, uint32_t layer, int kind) {
+  return kvt_gpu_layer_raw(p, layer) ? p->raw_bytes : p->sec_bytes[kind];
+}
+
+/* Raw layers among absolute layers [0, x). */
+KVT_HD uint32_t kvt_gpu_raw_below(const kvt_gpu_kparams *p, uint32_t x) {
+  uint32_t n = 0;
+  x = x < 256 ? x : 256;
+  for (uint32_t w = 0; w < 4; w++) {
+    if (x <= 64 * w)
+      break;
+    uint64_t m = p->raw_layers[w];
+    if (x < 64 * (w + 1))
+      m &= (1ull << (x - 64 * w)) - 1;
+    while (m) { /* popcount without intrinsics: few bits are ever set */
+      m &= m - 1;
+      n++;
+    }
+  }
+  return n;
+}
+
+/* Byte offset of section kind of payload-relative layer i (FORMAT.md 1:
+ * each section starts at align64 of the previous one's end). */
+KVT_HD uint64_t kvt_gpu_sec_offset(const kvt_gpu_kparams *p, uint32_t i, int kind) {
+  const uint32_t nraw =
+      kvt_gpu_raw_below(p, p->layer_begin + i) - kvt_gpu_raw_below(p, p->layer_begin);
+  const uint64_t plain = kvt_gpu_align(p->sec_bytes[0], 64) + kvt_gpu_align(p->sec_bytes[1], 64);
+  const uint64_t raw = 2 * kvt_gpu_align(p->raw_bytes, 64);
+  uint64_t off = p->header_size + (uint64_t)(i - nraw) * plain + (uint64_t)nraw * raw;
+  if (kind)
+    off += kvt_gpu_align(kvt_gpu_sec_size(p, p->layer_begin + i, 0), 64);
+  return off;
+}
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Launchers and runtime wrappers (gpu_kernels.cu). Each returns a
+ * cudaError_t as int: 0 or the CUDA error; kvt_gpurt_error_string names it. */
+const char *kvt_gpurt_error_string(int err);
+int kvt_gpurt_device_count(int *n);
+/* kind: enum kvt_gpu_mem; *dev: the device-side address of p (NULL for
+ * pageable memory). */
+int kvt_gpurt_pointer(const void *p, int *kind, void **dev);
+int kvt_gpurt_malloc(void **p, size_t n);
+int kvt_gpurt_zero(void *p, size_t n);
+void kvt_gpurt_free(void *p);
+int kvt_gpurt_copy_h2d(void *dst, const void *src, size_t n);
+int kvt_gpurt_copy_d2h(void *dst, const void *src, size_t n);
+int kvt_gpurt_sync(void *stream);
+int kvt_gpurt_event_record(void *event, void *stream);
+int kvt_gpurt_copy_h2d_async(void *dst, const void *src, size_t n, void *stream);
+/* XXH3-64 of every section of a payload in device memory into its table's
+ * checksum fields, then of the header (its checksum field zero) into it. */
+int kvt_gpurt_seal(uint8_t *payload, uint32_t sections, uint64_t header_size, void *stream);
+/* Compares the checksums of sections [first, first+count) with the table;
+ * the lowest mismatching section goes to st->bad_section (~0 if none). */
+int kvt_gpurt_verify(const uint8_t *payload, uint32_t first, uint32_t count,
+                     kvt_gpu_status *st, void *stream);
+/* Launches the store (with its layer-scale pre-pass when the spec needs one,
+ * and the status reset) or the load of p->count layers on stream. p is
+ * copied into the launch. */
+int kvt_gpurt_store(const kvt_gpu_kparams *p, void *stream);
+int kvt_gpurt_load(const kvt_gpu_kparams *p, void *stream);
+/* Reads the status word back (after the stream is synchronised). */
+int kvt_gpurt_status(const kvt_gpu_status *dev, kvt_gpu_status *host);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,226 @@
+/* kvtier/gpu.h - fused GPU store and load between an engine's paged KV cache
+ * and kvtier payloads.
+ *
+ * Store reads the engine's K/V blocks, quantizes them in registers and writes
+ * the payload's section bytes; load reads a payload, dequantizes in registers
+ * and writes the values straight into the engine's slots. Neither goes
+ * through a temporary 16-bit buffer. The bytes are those of the CPU reference
+ * codec: a GPU-stored payload equals kvt_encode()'s output byte for byte, and
+ * a GPU load writes the same bits into the slots as kvt_decode() writes into
+ * a dense view (serde/FORMAT.md section 4 fixes the arithmetic).
+ *
+ * The engine's cache is described once by a kvt_gpu_layout_desc (per-layer
+ * base pointers and element strides) and registered with
+ * kvt_gpu_layout_create(); a chunk's tokens are given as a slot mapping
+ * (token t of the chunk lives in slot slots[t], block slots[t] / block_size,
+ * offset slots[t] % block_size), as vLLM's slot_mapping.
+ *
+ * Streams are passed as `void *` (a cudaStream_t; NULL is the legacy default
+ * stream): this header includes no CUDA header and compiles as C and C++.
+ * CUDA failures return KVT_ECUDA with the failing call, CUDA's error string
+ * and number in kvt_ctx_last_error(). Nothing here aborts or exits.
+ *
+ * Built without CUDA, every function below exists and returns KVT_ENOTSUP
+ * (the kvt_gpu_layout_desc_* fillers work in both builds).
+ *
+ * Thread-safety: a layout handle may be used by one thread at a time, and
+ * one store per handle may be in flight at a time (the handle holds the
+ * store's device status word, which a checked load of a device-memory
+ * payload uses too); loads on one handle may run on several streams at once.
+ * Its context's last-error detail is written by calls on it. */
+#ifndef KVTIER_GPU_H
+#define KVTIER_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/payload.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An engine's per-layer KV cache. Element (block b, offset o, head h, dim d)
+ * of K in layer l lives at
+ *   (16-bit *)k_layers[l] + k_offset + b*stride_block + o*stride_token
+ *                         + h*stride_head + d
+ * and V likewise from v_layers[l] (or k_layers[l] when v_layers is NULL) and
+ * v_offset. Strides and offsets are in 16-bit elements. The head_dim elements
+ * of one (slot, head) must be contiguous. Pointers are device pointers. The
+ * kernels use 16-byte accesses when every row start is 16-byte aligned and
+ * narrower ones otherwise; i4 formats need rows at least 4-byte aligned. */
+typedef struct kvt_gpu_layout_desc {
+  size_t struct_size;          /* sizeof(kvt_gpu_layout_desc) */
+  int dtype;                   /* enum kvt_dtype: bf16 or fp16 */
+  uint32_t layers;             /* layers described: entries of k_layers */
+  uint32_t layer_begin;        /* absolute model layer of k_layers[0] */
+  uint32_t heads, head_dim;    /* KV heads (of this rank) and head dim */
+  uint32_t block_size;         /* tokens per block (page); 1 for per-token slots */
+  uint32_t num_blocks;         /* blocks per layer: slots are < num_blocks*block_size */
+  int64_t stride_block, stride_token, stride_head;
+  int64_t k_offset, v_offset;
+  void *const *k_layers;       /* host array of `layers` device pointers */
+  void *const *v_layers;       /* NULL: V is in the k_layers tensors too */
+} kvt_gpu_layout_desc;
+
+/* Fillers for the engine layouts, all of one layer tensor per layer
+ * (layer_tensors[l]) unless said otherwise. They write every field of *d
+ * (layer_begin 0) and keep the pointer arrays by reference: the arrays must
+ * live until kvt_gpu_layout_create() returns. */
+/* vLLM flash-attn: [2, num_blocks, block_size, heads, head_dim] per layer. */
+KVT_API void kvt_gpu_layout_desc_vllm(kvt_gpu_layout_desc *d, int dtype, uint32_t layers,
+                                      void *const *layer_tensors, uint32_t num_blocks,
+                                      uint32_t block_size, uint32_t heads, uint32_t head_dim);
+/* FlashInfer NHD: [num_blocks, 2, block_size, heads, head_dim] per layer. */
+KVT_API void kvt_gpu_layout_desc_flashinfer_nhd(kvt_gpu_layout_desc *d, int dtype,
+                                                uint32_t layers, void *const *layer_tensors,
+                                                uint32_t num_blocks, uint32_t block_size,
+                                                uint32_t heads, uint32_t head_dim);
+/* FlashInfer HND: [num_blocks, 2, heads, block_size, head_dim] per layer. */
+KVT_API void kvt_gpu_layout_desc_flashinfer_hnd(kvt_gpu_layout_desc *d, int dtype,
+                                                uint32_t layers, void *const *layer_tensors,
+                                                uint32_t num_blocks, uint32_t block_size,
+                                                uint32_t heads, uint32_t head_dim);
+/* Separate K and V buffers indexed by slot (SGLang's MHATokenToKVPool):
+ * k_buffers[l] and v_buffers[l] are [num_slots, heads, head_dim]. */
+KVT_API void kvt_gpu_layout_desc_separate(kvt_gpu_layout_desc *d, int dtype, uint32_t layers,
+                                          void *const *k_buffers, void *const *v_buffers,
+                                          uint32_t num_slots, uint32_t heads,
+                                          uint32_t head_dim);
+
+typedef struct kvt_gpu_layout kvt_gpu_layout;
+
+/* Registers a layout on the current CUDA device: checks the descriptor,
+ * copies the per-layer pointers into device memory and allocates the
+ * handle's small device status buffer (the only device allocations; none
+ * on the data path). *out is written only on success. ctx must outlive the
+ * handle. Returns 0, -EINVAL (NULL argument, struct_size too small),
+ * KVT_ESHAPE (dtype, zero or oversized dimension, a head_dim row that is not
+ * contiguous, a NULL layer pointer), KVT_ECUDA, -ENOMEM, KVT_ENOTSUP. */
+KVT_API int kvt_gpu_layout_create(kvt_ctx *ctx, const kvt_gpu_layout_desc *desc,
+                                  kvt_gpu_layout **out);
+/* Frees the handle's device memory. Accepts NULL. No work using it may be
+ * in flight. */
+KVT_API void kvt_gpu_layout_destroy(kvt_gpu_layout *layout);
+
+/* Where a payload buffer lives, as CUDA reports it for a pointer. */
+enum kvt_gpu_mem {
+  KVT_GPU_MEM_PAGEABLE = 0, /* ordinary host memory: the kernels cannot reach it */
+  KVT_GPU_MEM_PINNED = 1,   /* page-locked host memory mapped into the device */
+  KVT_GPU_MEM_DEVICE = 2    /* device (or managed) memory */
+};
+/* Which of the above p is. Returns 0 or KVT_ECUDA / KVT_ENOTSUP. */
+KVT_API int kvt_gpu_mem_kind(kvt_ctx *ctx, const void *p, int *kind);
+
+/* A store of one chunk: `tokens` tokens at slots[0..tokens) (a device array
+ * of int64 slots, as vLLM's slot_mapping), layers [layer_begin, layer_begin +
+ * layer_count) (absolute; within the layout). */
+typedef struct kvt_gpu_store_params {
+  size_t struct_size;         /* sizeof(kvt_gpu_store_params) */
+  kvt_encode_params encode;   /* spec, key, fingerprint, model_layers (0:
+                                 layer_count, as kvt_encode), layer_begin,
+                                 token_begin; zstd_level must be 0 */
+  uint32_t layer_count;       /* layers stored */
+  uint32_t tokens;            /* chunk tokens: entries of slots */
+  const int64_t *slots;       /* device array [tokens]: each in [0, num_blocks*block_size) */
+} kvt_gpu_store_params;
+
+#define KVT_GPU_STORE_PARAMS_INIT \
+  { sizeof(kvt_gpu_store_params), KVT_ENCODE_PARAMS_INIT, 0, 0, NULL }
+
+/* Bytes the payload of a store takes (exact, as kvt_encode_bound()), after
+ * the checks kvt_gpu_store_async makes of p. */
+KVT_API int kvt_gpu_store_bound(kvt_gpu_layout *layout, const kvt_gpu_store_params *p,
+                                uint64_t *out);
+
+/* Stores one chunk into dst[0..cap): pinned host memory mapped into the
+ * device (cudaHostAlloc / cudaMallocHost / cudaHostRegister with unified
+ * addressing), or device memory. kvt_gpu_store_async writes the header and
+ * section table (checksums zero: from the host into pinned memory, or by an
+ * asynchronous copy into device memory), launches one kernel on `stream` that
+ * writes every section byte (and a small one before it for layer-granular
+ * scales), for device memory then the XXH3 checksum kernels that fill the
+ * section and header checksums, sets *len to the payload size and returns
+ * without waiting. kvt_gpu_store_finish waits for the stream, checks the
+ * kernel's status (KVT_ENONFINITE: a NaN/Inf in a tensor to be quantized,
+ * named by layer, token, head and dim; not necessarily the first one the CPU
+ * encoder would name; KVT_ERANGE: an i4 group out of fp16 range) and, for
+ * pinned memory, seals the payload on the host (section checksums, header
+ * checksum). Only a finished payload is valid (kvt_payload_verify accepts its
+ * bytes); after an error its bytes are garbage. kvt_gpu_store does both.
+ * Slots outside [0, num_blocks*block_size) are read as zeros. dst must be
+ * 16-byte aligned and not in use by work still queued on the GPU (the header
+ * is written from the host at once).
+ * Returns 0; -EINVAL; KVT_ESPEC; KVT_ESHAPE (dtype, heads or head_dim differ
+ * from the layout's, layers outside it, i4 shape rules); KVT_ETOOBIG;
+ * KVT_ENOBUFS; KVT_ENOTSUP (zstd asked for; dst pageable host memory);
+ * KVT_ECUDA; and from finish KVT_ENONFINITE, KVT_ERANGE. */
+KVT_API int kvt_gpu_store_async(kvt_gpu_layout *layout, const kvt_gpu_store_params *p,
+                                void *dst, size_t cap, size_t *len, void *stream);
+KVT_API int kvt_gpu_store_finish(kvt_gpu_layout *layout, void *dst, size_t len, void *stream);
+KVT_API int kvt_gpu_store(kvt_gpu_layout *layout, const kvt_gpu_store_params *p, void *dst,
+                          size_t cap, size_t *len, void *stream);
+
+/* What a load trusts. */
+enum kvt_gpu_load_flags {
+  /* For a payload in device memory: skip the section checksums (its header
+   * and table are still copied to the host and checked), for payloads this
+   * process stored or verified itself (the HBM tier). */
+  KVT_GPU_LOAD_TRUST_DEVICE = 1u,
+  /* For a payload in pinned host memory: skip the section checksums (the
+   * header and table are still parsed and checked), because the caller
+   * verified the whole payload already (kvt_payload_verify when its tier
+   * returned it) and nothing has written it since. */
+  KVT_GPU_LOAD_TRUST_HOST = 2u
+};
+
+typedef struct kvt_gpu_load_params {
+  size_t struct_size;                /* sizeof(kvt_gpu_load_params) */
+  const kvt_key *expect_key;         /* NULL, or the key the payload must carry */
+  const kvt_key *expect_fingerprint; /* NULL, or the model it must belong to */
+  uint32_t layer_first;              /* first layer loaded, relative to the payload */
+  uint32_t layer_count;              /* 0: every layer from layer_first on */
+  uint32_t tokens;                   /* entries of slots: must equal the payload's */
+  const int64_t *slots;              /* device array [tokens]; slots outside
+                                        [0, num_blocks*block_size) are skipped */
+  uint32_t flags;                    /* enum kvt_gpu_load_flags */
+  /* NULL: one kernel for all the layers. Else an array of one cudaEvent_t
+   * per layer loaded: the layers are launched one kernel each, in order,
+   * and layer_events[i] is recorded on the stream after layer layer_first+i,
+   * so an engine can start computing layer l while later layers load. */
+  void *const *layer_events;
+} kvt_gpu_load_params;
+
+#define KVT_GPU_LOAD_PARAMS_INIT \
+  { sizeof(kvt_gpu_load_params), NULL, NULL, 0, 0, 0, NULL, 0, NULL }
+
+/* Loads the chosen layers of payload[0..len) into the layout's slots with
+ * one kernel on `stream` (or one per layer, see layer_events), returning
+ * once launched (the payload and slots must stay valid until the stream
+ * reaches the work). Everything below is checked before the first launch.
+ *
+ * What is verified before the launch, on the host:
+ * - payload in mapped pinned host memory: everything kvt_decode checks -
+ *   the header checksum, every header field and section-table entry, the
+ *   key and fingerprint expectations, and the XXH3-64 checksum of every
+ *   section that is loaded (sections not loaded are not read; with
+ *   KVT_GPU_LOAD_TRUST_HOST no section checksum);
+ * - payload in device memory: the header and section table, copied to the
+ *   host synchronously, with their checksum, fields and expectations; then
+ *   the XXH3-64 checksum of every loaded section, computed by a kernel on
+ *   `stream` (the call waits for the stream), unless
+ *   KVT_GPU_LOAD_TRUST_DEVICE says to skip it. The status word of the handle
+ *   is used: not while a store on the same handle is in flight.
+ * Sections stored with the lossless zstd stage are refused (KVT_ENOTSUP):
+ * undo it on the host first. The payload's dtype, heads and head_dim must be
+ * the layout's and its layers within it (KVT_ESHAPE). Pageable host memory is
+ * refused (KVT_ENOTSUP); the payload must be 16-byte aligned (KVT_ESHAPE).
+ * Returns 0, -EINVAL, the parse and checksum errors of kvt_decode,
+ * KVT_EFOREIGN, KVT_ESHAPE, KVT_ENOTSUP or KVT_ECUDA. */
+KVT_API int kvt_gpu_load(kvt_gpu_layout *layout, const void *payload, size_t len,
+                         const kvt_gpu_load_params *p, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,801 @@
+/* tests/test_gpu_loadstore.c - the fused GPU store and load (kvtier/gpu.h)
+ * against the CPU reference codec: GPU store bytes equal kvt_encode's, a GPU
+ * load of a CPU payload leaves every slot equal to kvt_decode's output (and
+ * every other element untouched), and store -> load round trips, for every
+ * preset and several general specs, every engine layout (vLLM, FlashInfer
+ * NHD and HND, separate K/V buffers), bf16 and fp16, block sizes 16, 64, 128.
+ * Stores into device memory (checksums by the GPU's XXH3) give the same
+ * bytes; loads of device payloads are checked on the GPU. The golden payloads
+ * (tests/golden) load to kvt_decode's values and their inputs store to their
+ * exact bytes. Bad payloads are refused. Label gpu: skips (77) without a
+ * CUDA build or device; built without CUDA it first checks the calls return
+ * KVT_ENOTSUP.
+ * KVT_GPU_TEST_QUICK=1 runs one block size per layout (for compute-sanitizer). */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvtier.h"
+#include "kvtier/gpu.h"
+
+#ifdef KVT_TEST_HAVE_GPU
+#include <cuda_runtime_api.h>
+
+#include "golden/golden_common.h"
+
+#define MAXL 8
+#define CUDA_OK(x) assert_int_equal((int)(x), 0)
+
+enum { LAY_VLLM, LAY_NHD, LAY_HND, LAY_SEP, N_LAYOUTS };
+static const char *const layout_names[] = {"vllm", "flashinfer-nhd", "flashinfer-hnd", "separate"};
+
+typedef struct shape {
+  uint32_t layers, tokens, heads, head_dim;
+} shape;
+
+/* An engine cache on the device with a host mirror of what it should hold. */
+typedef struct engine {
+  int layout, dtype;
+  uint32_t layers, nb, bs, H, D;
+  size_t elems[2];       /* per layer, per buffer (buffer 1: V of separate) */
+  int nbuf;
+  uint16_t *host[2][MAXL];
+  void *dev[2][MAXL];
+  kvt_gpu_layout_desc desc;
+} engine;
+
+static kvt_ctx *ctx;
+static void *stream;
+static int quick;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static uint32_t rnd(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (uint32_t)(rng >> 11);
+}
+
+static float rnd_val(float mag) {
+  uint32_t r = rnd() % 64;
+  if (r == 0)
+    return 0.0f;
+  if (r == 1)
+    return -0.0f;
+  float u = (float)(rnd() % 20001) / 10000.0f - 1.0f;
+  return u * mag;
+}
+
+static uint16_t to16(float f, int dtype) {
+  return dtype == KVT_DTYPE_BF16 ? kvt_f32_to_bf16(f) : kvt_f32_to_f16(f);
+}
+
+/* Dense [layer][token][head][dim] K and V with row magnitudes from 2^-6 to 2^6. */
+static void fill_dense(uint16_t *k, uint16_t *v, const shape *s, int dtype) {
+  size_t rows = (size_t)s->layers * s->tokens * s->heads;
+  for (size_t r = 0; r < rows; r++) {
+    float mk = (float)(1u << (rnd() % 13)) / 64.0f, mv = (float)(1u << (rnd() % 13)) / 64.0f;
+    for (uint32_t d = 0; d < s->head_dim; d++) {
+      k[r * s->head_dim + d] = to16(rnd_val(mk), dtype);
+      v[r * s->head_dim + d] = to16(rnd_val(mv), dtype);
+    }
+  }
+}
+
+/* Element index of (kind, slot, head, dim) within its buffer. */
+static size_t eidx(const engine *e, int kind, uint32_t slot, uint32_t h, uint32_t d) {
+  const kvt_gpu_layout_desc *g = &e->desc;
+  int64_t i = (kind ? g->v_offset : g->k_offset) +
+              (int64_t)(slot / g->block_size) * g->stride_block +
+              (int64_t)(slot % g->block_size) * g->stride_token + (int64_t)h * g->stride_head + d;
+  return (size_t)i;
+}
+
+static uint16_t *ebuf(engine *e, int kind, uint32_t layer) {
+  return e->host[e->nbuf == 2 ? kind : 0][layer];
+}
+
+/* A pattern in every element: a load must leave all but its slots alone. */
+static void engine_background(engine *e) {
+  for (int b = 0; b < e->nbuf; b++)
+    for (uint32_t l = 0; l < e->layers; l++)
+      for (size_t i = 0; i < e->elems[b]; i++)
+        e->host[b][l][i] = (uint16_t)(0x3C00 ^ ((i + l) * 2654435761u >> 16));
+}
+
+static void engine_make(engine *e, int layout, int dtype, uint32_t layers, uint32_t slots_needed,
+                        uint32_t bs, uint32_t H, uint32_t D) {
+  memset(e, 0, sizeof(*e));
+  e->layout = layout;
+  e->dtype = dtype;
+  e->layers = layers;
+  e->bs = layout == LAY_SEP ? 1 : bs;
+  e->nb = (slots_needed + e->bs - 1) / e->bs + 3;
+  e->H = H;
+  e->D = D;
+  e->nbuf = layout == LAY_SEP ? 2 : 1;
+  size_t per = (size_t)e->nb * e->bs * H * D;
+  e->elems[0] = e->elems[1] = layout == LAY_SEP ? per : 2 * per;
+  for (int b = 0; b < e->nbuf; b++)
+    for (uint32_t l = 0; l < layers; l++) {
+      e->host[b][l] = malloc(e->elems[b] * 2);
+      assert_non_null(e->host[b][l]);
+      CUDA_OK(cudaMalloc(&e->dev[b][l], e->elems[b] * 2));
+    }
+  engine_background(e);
+  switch (layout) {
+  case LAY_VLLM:
+    kvt_gpu_layout_desc_vllm(&e->desc, dtype, layers, e->dev[0], e->nb, e->bs, H, D);
+    break;
+  case LAY_NHD:
+    kvt_gpu_layout_desc_flashinfer_nhd(&e->desc, dtype, layers, e->dev[0], e->nb, e->bs, H, D);
+    break;
+  case LAY_HND:
+    kvt_gpu_layout_desc_flashinfer_hnd(&e->desc, dtype, layers, e->dev[0], e->nb, e->bs, H, D);
+    break;
+  default:
+    kvt_gpu_layout_desc_separate(&e->desc, dtype, layers, e->dev[0], e->dev[1], e->nb, H, D);
+    break;
+  }
+}
+
+static void engine_upload(engine *e) {
+  for (int b = 0; b < e->nbuf; b++)
+    for (uint32_t l = 0; l < e->layers; l++)
+      CUDA_OK(cudaMemcpy(e->dev[b][l], e->host[b][l], e->elems[b] * 2, cudaMemcpyHostToDevice));
+}
+
+/* The device contents equal the host mirror, every element. */
+static void engine_expect(engine *e, const char *what) {
+  for (int b = 0; b < e->nbuf; b++)
+    for (uint32_t l = 0; l < e->layers; l++) {
+      uint16_t *got = malloc(e->elems[b] * 2);
+      assert_non_null(got);
+      CUDA_OK(cudaMemcpy(got, e->dev[b][l], e->elems[b] * 2, cudaMemcpyDeviceToHost));
+      if (memcmp(got, e->host[b][l], e->elems[b] * 2) != 0) {
+        size_t i = 0;
+        while (got[i] == e->host[b][l][i])
+          i++;
+        fail_msg("%s: %s buffer %d layer %u element %zu: got %04x, want %04x", what,
+                 layout_names[e->layout], b, l, i, got[i], e->host[b][l][i]);
+      }
+      free(got);
+    }
+}
+
+static void engine_free(engine *e) {
+  for (int b = 0; b < e->nbuf; b++)
+    for (uint32_t l = 0; l < e->layers; l++) {
+      free(e->host[b][l]);
+      cudaFree(e->dev[b][l]);
+    }
+}
+
+/* Writes dense layers [l0, l0+n) of k/v into the mirror at the slots. */
+static void scatter(engine *e, const uint16_t *k, const uint16_t *v, const shape *s,
+                    const uint32_t *slots, uint32_t l0, uint32_t n, uint32_t dense_l0) {
+  for (uint32_t l = l0; l < l0 + n; l++)
+    for (int kind = 0; kind < 2; kind++) {
+      const uint16_t *src = kind ? v : k;
+      uint16_t *dst = ebuf(e, kind, l);
+      for (uint32_t t = 0; t < s->tokens; t++)
+        for (uint32_t h = 0; h < s->heads; h++)
+          memcpy(dst + eidx(e, kind, slots[t], h, 0),
+                 src + (((size_t)(l - l0 + dense_l0) * s->tokens + t) * s->heads + h) *
+                           s->head_dim,
+                 2 * (size_t)s->head_dim);
+    }
+}
+
+typedef struct combo {
+  shape s;
+  const char *spec;
+  int layout, dtype;
+  uint32_t bs;
+  uint32_t lb, n; /* layers stored: [lb, lb+n) */
+} combo;
+
+static void *pinned(size_t n) {
+  void *p = NULL;
+  CUDA_OK(cudaHostAlloc(&p, n ? n : 1, cudaHostAllocMapped));
+  return p;
+}
+
+static void run_combo(const combo *c) {
+  char what[256];
+  snprintf(what, sizeof(what), "%s %s %s bs %u shape %ux%ux%ux%u layers %u+%u", c->spec,
+           layout_names[c->layout], kvt_dtype_name(c->dtype), c->bs, c->s.layers, c->s.tokens,
+           c->s.heads, c->s.head_dim, c->lb, c->n);
+  const shape *s = &c->s;
+  const size_t n_el = (size_t)s->layers * s->tokens * s->heads * s->head_dim;
+  uint16_t *k = malloc(2 * n_el), *v = malloc(2 * n_el), *dk = malloc(2 * n_el),
+           *dv = malloc(2 * n_el);
+  assert_true(k && v && dk && dv);
+  fill_dense(k, v, s, c->dtype);
+
+  engine src, dst;
+  engine_make(&src, c->layout, c->dtype, s->layers, s->tokens, c->bs, s->heads, s->head_dim);
+  engine_make(&dst, c->layout, c->dtype, s->layers, s->tokens, c->bs, s->heads, s->head_dim);
+  /* Distinct random slots for the chunk's tokens. */
+  const uint32_t nslots = src.nb * src.bs;
+  uint32_t *perm = malloc(sizeof(uint32_t) * nslots);
+  int64_t *slots64 = malloc(sizeof(int64_t) * s->tokens);
+  for (uint32_t i = 0; i < nslots; i++)
+    perm[i] = i;
+  for (uint32_t i = nslots - 1; i > 0; i--) {
+    uint32_t j = rnd() % (i + 1), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  for (uint32_t t = 0; t < s->tokens; t++)
+    slots64[t] = perm[t];
+  int64_t *dslots;
+  CUDA_OK(cudaMalloc((void **)&dslots, sizeof(int64_t) * s->tokens));
+  CUDA_OK(cudaMemcpy(dslots, slots64, sizeof(int64_t) * s->tokens, cudaMemcpyHostToDevice));
+  scatter(&src, k, v, s, perm, 0, s->layers, 0);
+  engine_upload(&src);
+  engine_upload(&dst);
+
+  kvt_gpu_layout *Ls, *Ld;
+  int rc = kvt_gpu_layout_create(ctx, &src.desc, &Ls);
+  if (rc)
+    fail_msg("%s: layout: %s %s", what, kvt_err_name(rc), kvt_ctx_last_error(ctx));
+  assert_int_equal(kvt_gpu_layout_create(ctx, &dst.desc, &Ld), 0);
+
+  /* CPU reference payload of layers [lb, lb+n). */
+  kvt_encode_params ep = KVT_ENCODE_PARAMS_INIT;
+  assert_int_equal(kvt_codec_parse(ctx, c->spec, &ep.spec), 0);
+  memset(ep.key.bytes, 0xA5, 16);
+  memset(ep.fingerprint.bytes, 0x5A, 16);
+  ep.model_layers = s->layers;
+  ep.layer_begin = c->lb;
+  ep.token_begin = 512;
+  const size_t lay = (size_t)s->tokens * s->heads * s->head_dim;
+  kvt_kv_view view;
+  kvt_kv_view_dense(&view, k + c->lb * lay, v + c->lb * lay, c->dtype, c->n, s->tokens, s->heads,
+                    s->head_dim);
+  uint64_t bound;
+  assert_int_equal(kvt_encode_bound(ctx, &ep.spec, c->lb, c->n, s->tokens, s->heads,
+                                    s->head_dim, &bound),
+                   0);
+  uint8_t *cpu = pinned(bound), *gpu = pinned(bound);
+  size_t cpu_len = 0, gpu_len = 0;
+  rc = kvt_encode(ctx, &ep, &view, cpu, bound, &cpu_len);
+  if (rc)
+    fail_msg("%s: encode: %s %s", what, kvt_err_name(rc), kvt_ctx_last_error(ctx));
+
+  /* 1. GPU store: the CPU encoder's bytes, and a valid payload. */
+  kvt_gpu_store_params sp = KVT_GPU_STORE_PARAMS_INIT;
+  sp.encode = ep;
+  sp.layer_count = c->n;
+  sp.tokens = s->tokens;
+  sp.slots = dslots;
+  memset(gpu, 0xEE, bound);
+  rc = kvt_gpu_store(Ls, &sp, gpu, bound, &gpu_len, stream);
+  if (rc)
+    fail_msg("%s: gpu store: %s %s", what, kvt_err_name(rc), kvt_ctx_last_error(ctx));
+  assert_int_equal(gpu_len, cpu_len);
+  if (memcmp(gpu, cpu, cpu_len) != 0) {
+    size_t i = 0;
+    while (gpu[i] == cpu[i])
+      i++;
+    fail_msg("%s: GPU store byte %zu of %zu: %02x, CPU %02x", what, i, cpu_len, gpu[i], cpu[i]);
+  }
+  assert_int_equal(kvt_payload_verify(ctx, gpu, gpu_len, NULL), 0);
+
+  /* 2. GPU load of the CPU payload (pinned host): the slots hold
+   * kvt_decode's output, everything else is untouched. */
+  kvt_decode_params dp = KVT_DECODE_PARAMS_INIT;
+  kvt_kv_view dview;
+  kvt_kv_view_dense(&dview, dk, dv, c->dtype, c->n, s->tokens, s->heads, s->head_dim);
+  assert_int_equal(kvt_decode(ctx, cpu, cpu_len, &dp, &dview), 0);
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = s->tokens;
+  lp.slots = dslots;
+  lp.expect_key = &ep.key;
+  lp.expect_fingerprint = &ep.fingerprint;
+  rc = kvt_gpu_load(Ld, cpu, cpu_len, &lp, stream);
+  if (rc)
+    fail_msg("%s: gpu load: %s %s", what, kvt_err_name(rc), kvt_ctx_last_error(ctx));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  scatter(&dst, dk, dv, s, perm, c->lb, c->n, 0);
+  snprintf(what + strlen(what), sizeof(what) - strlen(what), " (CPU payload -> GPU load)");
+  engine_expect(&dst, what);
+
+  /* 3. GPU store into device memory (checksums by the GPU's XXH3): the same
+   * bytes. Then a store -> load round trip through it, the last layer only
+   * (layer_first): its slots get kvt_decode's values, nothing else is
+   * written. */
+  uint8_t *dpay;
+  size_t dlen = 0;
+  CUDA_OK(cudaMalloc((void **)&dpay, bound));
+  rc = kvt_gpu_store(Ls, &sp, dpay, bound, &dlen, stream);
+  if (rc)
+    fail_msg("%s: gpu store (device): %s %s", what, kvt_err_name(rc), kvt_ctx_last_error(ctx));
+  assert_int_equal(dlen, cpu_len);
+  memset(gpu, 0, cpu_len);
+  CUDA_OK(cudaMemcpy(gpu, dpay, dlen, cudaMemcpyDeviceToHost));
+  if (memcmp(gpu, cpu, cpu_len) != 0) {
+    size_t i = 0;
+    while (gpu[i] == cpu[i])
+      i++;
+    fail_msg("%s: GPU store to device memory, byte %zu of %zu: %02x, CPU %02x", what, i,
+             cpu_len, gpu[i], cpu[i]);
+  }
+  engine_background(&dst);
+  engine_upload(&dst);
+  lp.layer_first = c->n - 1;
+  lp.layer_count = 1;
+  lp.flags = KVT_GPU_LOAD_TRUST_DEVICE;
+  rc = kvt_gpu_load(Ld, dpay, gpu_len, &lp, stream);
+  if (rc)
+    fail_msg("%s: gpu load (device): %s %s", what, kvt_err_name(rc), kvt_ctx_last_error(ctx));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  scatter(&dst, dk, dv, s, perm, c->lb + c->n - 1, 1, c->n - 1);
+  snprintf(what + strlen(what), sizeof(what) - strlen(what), " (GPU payload in HBM -> layer)");
+  engine_expect(&dst, what);
+  /* Layer by layer with an event after each: the same values. */
+  engine_background(&dst);
+  engine_upload(&dst);
+  cudaEvent_t ev[MAXL];
+  for (uint32_t i = 0; i < c->n; i++)
+    CUDA_OK(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming));
+  lp.layer_first = 0;
+  lp.layer_count = 0;
+  lp.flags = 0;
+  lp.layer_events = (void *const *)ev;
+  rc = kvt_gpu_load(Ld, gpu, gpu_len, &lp, stream);
+  if (rc)
+    fail_msg("%s: gpu load (events): %s %s", what, kvt_err_name(rc), kvt_ctx_last_error(ctx));
+  for (uint32_t i = 0; i < c->n; i++) {
+    CUDA_OK(cudaEventSynchronize(ev[i]));
+    CUDA_OK(cudaEventDestroy(ev[i]));
+  }
+  lp.layer_events = NULL;
+  scatter(&dst, dk, dv, s, perm, c->lb, c->n, 0);
+  engine_expect(&dst, what);
+  lp.layer_first = c->n - 1;
+  lp.layer_count = 1;
+  /* Without the trust flag the GPU checks the loaded sections' checksums:
+   * fine as stored, refused after one flipped byte of the loaded layer. */
+  lp.flags = 0;
+  rc = kvt_gpu_load(Ld, dpay, gpu_len, &lp, stream);
+  if (rc)
+    fail_msg("%s: gpu load (device, checked): %s %s", what, kvt_err_name(rc),
+             kvt_ctx_last_error(ctx));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  uint8_t byte = (uint8_t)(cpu[cpu_len - 1] ^ 0x40);
+  CUDA_OK(cudaMemcpy(dpay + cpu_len - 1, &byte, 1, cudaMemcpyHostToDevice));
+  assert_int_equal(kvt_gpu_load(Ld, dpay, gpu_len, &lp, stream), KVT_ECHECKSUM);
+  lp.flags = KVT_GPU_LOAD_TRUST_DEVICE; /* what the flag means: not checked */
+  assert_int_equal(kvt_gpu_load(Ld, dpay, gpu_len, &lp, stream), 0);
+  CUDA_OK(cudaStreamSynchronize(stream));
+
+  cudaFree(dpay);
+  cudaFree(dslots);
+  cudaFreeHost(cpu);
+  cudaFreeHost(gpu);
+  kvt_gpu_layout_destroy(Ls);
+  kvt_gpu_layout_destroy(Ld);
+  engine_free(&src);
+  engine_free(&dst);
+  free(perm);
+  free(slots64);
+  free(k);
+  free(v);
+  free(dk);
+  free(dv);
+}
+
+static const char *const main_specs[] = {
+    "raw", "k16v8", "fp8", "int8", "k16v4", "k8v4", "int4", "int4,kgroup=dim",
+    "k=e4m3,v=i8,scale=block,block=16", "k=i8,v=e4m3,scale=layer",
+    "k=i4,v=i4,group=64,kgroup=token", "k=i4,v=i4,group=2,kgroup=dim", "k16v8,raw=1",
+    "k=e4m3,v=i4,group=16,scale=block,block=7",
+};
+#define N_MAIN (sizeof(main_specs) / sizeof(main_specs[0]))
+
+static void test_gpu_store_and_load_match_cpu_codec_every_preset_and_layout(void **state) {
+  (void)state;
+  static const uint32_t block_sizes[] = {16, 64, 128};
+  const shape s = {3, 100, 2, 64};
+  for (int layout = 0; layout < N_LAYOUTS; layout++)
+    for (int dt = KVT_DTYPE_BF16; dt <= KVT_DTYPE_F16; dt++)
+      for (size_t b = 0; b < 3; b++) {
+        if ((layout == LAY_SEP || quick) && b != (size_t)layout % 3)
+          continue; /* block size 1 for separate buffers; one size in quick mode */
+        for (size_t i = 0; i < N_MAIN; i++) {
+          combo c = {s, main_specs[i], layout, dt, block_sizes[b], 1, 2};
+          run_combo(&c);
+        }
+      }
+}
+
+/* Odd and unusual shapes: odd head_dim (one-element lane steps), a group
+ * that is no power of two of lane chunks, many heads, all layers. */
+static void test_gpu_store_and_load_match_cpu_codec_odd_shapes(void **state) {
+  (void)state;
+  static const struct {
+    shape s;
+    const char *spec;
+  } cases[] = {
+      {{2, 37, 3, 7}, "k16v8"},
+      {{2, 37, 3, 7}, "fp8,scale=block,block=5"},
+      {{2, 37, 3, 7}, "int8,scale=layer"},
+      {{2, 37, 3, 96}, "k=i4,v=i4,group=24,kgroup=dim"},
+      {{2, 37, 3, 96}, "k=i4,v=i4,group=96,kgroup=token"},
+      {{2, 5, 16, 256}, "k8v4"},
+      {{2, 300, 1, 6}, "int4,group=6"},
+      {{1, 1, 1, 2}, "int4,group=2"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+    for (int layout = 0; layout < N_LAYOUTS; layout++) {
+      combo c = {cases[i].s, cases[i].spec, layout, KVT_DTYPE_BF16 + (int)(i % 2), 16, 0,
+                 cases[i].s.layers};
+      run_combo(&c);
+    }
+}
+
+/* A small vLLM engine with one stored payload, for the refusal tests. */
+typedef struct fixture {
+  engine e;
+  kvt_gpu_layout *L;
+  int64_t *dslots;
+  uint8_t *pay;
+  size_t len, cap; /* cap: room for the raw payload of the shape */
+  kvt_gpu_store_params sp;
+} fixture;
+
+static void fixture_make(fixture *f, const char *spec, const shape *s) {
+  engine_make(&f->e, LAY_VLLM, KVT_DTYPE_BF16, s->layers, s->tokens, 16, s->heads, s->head_dim);
+  const size_t n_el = (size_t)s->layers * s->tokens * s->heads * s->head_dim;
+  uint16_t *k = malloc(2 * n_el), *v = malloc(2 * n_el);
+  uint32_t *slots = malloc(4 * s->tokens);
+  int64_t *s64 = malloc(8 * s->tokens);
+  fill_dense(k, v, s, KVT_DTYPE_BF16);
+  for (uint32_t t = 0; t < s->tokens; t++) {
+    slots[t] = t + 5;
+    s64[t] = t + 5;
+  }
+  scatter(&f->e, k, v, s, slots, 0, s->layers, 0);
+  engine_upload(&f->e);
+  CUDA_OK(cudaMalloc((void **)&f->dslots, 8 * s->tokens));
+  CUDA_OK(cudaMemcpy(f->dslots, s64, 8 * s->tokens, cudaMemcpyHostToDevice));
+  assert_int_equal(kvt_gpu_layout_create(ctx, &f->e.desc, &f->L), 0);
+  kvt_gpu_store_params sp = KVT_GPU_STORE_PARAMS_INIT;
+  assert_int_equal(kvt_codec_parse(ctx, spec, &sp.encode.spec), 0);
+  memset(sp.encode.key.bytes, 1, 16);
+  sp.layer_count = s->layers;
+  sp.tokens = s->tokens;
+  sp.slots = f->dslots;
+  f->sp = sp;
+  uint64_t bound;
+  assert_int_equal(kvt_gpu_store_bound(f->L, &sp, &bound), 0);
+  f->cap = 4 * n_el + 65536;
+  assert_true(bound <= f->cap);
+  f->pay = pinned(f->cap);
+  assert_int_equal(kvt_gpu_store(f->L, &sp, f->pay, f->cap, &f->len, stream), 0);
+  assert_int_equal(f->len, bound);
+  free(k);
+  free(v);
+  free(slots);
+  free(s64);
+}
+
+static void fixture_free(fixture *f) {
+  kvt_gpu_layout_destroy(f->L);
+  cudaFree(f->dslots);
+  cudaFreeHost(f->pay);
+  engine_free(&f->e);
+}
+
+static int load(fixture *f, const void *p, size_t len) {
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = f->sp.tokens;
+  lp.slots = f->dslots;
+  int rc = kvt_gpu_load(f->L, p, len, &lp, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  return rc;
+}
+
+static void test_gpu_load_rejects_bad_payloads(void **state) {
+  (void)state;
+  const shape s = {2, 40, 2, 64};
+  fixture f;
+  fixture_make(&f, "k16v8", &s);
+  assert_int_equal(load(&f, f.pay, f.len), 0);
+  /* A flipped bit in a section body: the section checksum. */
+  f.pay[f.len - 3] ^= 0x10;
+  assert_int_equal(load(&f, f.pay, f.len), KVT_ECHECKSUM);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "checksum"));
+  f.pay[f.len - 3] ^= 0x10;
+  /* In the header: the header checksum. */
+  f.pay[90] ^= 1;
+  assert_int_equal(load(&f, f.pay, f.len), KVT_ECHECKSUM);
+  f.pay[90] ^= 1;
+  /* Truncated, and not a payload at all. */
+  assert_int_equal(load(&f, f.pay, f.len - 1), KVT_ETRUNC);
+  f.pay[0] ^= 0xFF;
+  assert_int_equal(load(&f, f.pay, f.len), KVT_EFORMAT);
+  f.pay[0] ^= 0xFF;
+  /* Pageable host memory cannot be read by the kernel. */
+  uint8_t *pageable = malloc(f.len);
+  memcpy(pageable, f.pay, f.len);
+  assert_int_equal(load(&f, pageable, f.len), KVT_ENOTSUP);
+  free(pageable);
+  /* Another chunk or model. */
+  kvt_key other;
+  memset(other.bytes, 2, 16);
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = f.sp.tokens;
+  lp.slots = f.dslots;
+  lp.expect_key = &other;
+  assert_int_equal(kvt_gpu_load(f.L, f.pay, f.len, &lp, stream), KVT_EFOREIGN);
+  lp.expect_key = NULL;
+  /* A slot count that is not the payload's, layers out of range. */
+  lp.tokens = f.sp.tokens - 1;
+  assert_int_equal(kvt_gpu_load(f.L, f.pay, f.len, &lp, stream), KVT_ESHAPE);
+  lp.tokens = f.sp.tokens;
+  lp.layer_first = 2;
+  assert_int_equal(kvt_gpu_load(f.L, f.pay, f.len, &lp, stream), -EINVAL);
+  /* The device-memory path checks the header too. */
+  uint8_t *dpay;
+  CUDA_OK(cudaMalloc((void **)&dpay, f.len));
+  f.pay[70] ^= 4;
+  CUDA_OK(cudaMemcpy(dpay, f.pay, f.len, cudaMemcpyHostToDevice));
+  f.pay[70] ^= 4;
+  lp.layer_first = 0;
+  lp.flags = KVT_GPU_LOAD_TRUST_DEVICE;
+  assert_int_equal(kvt_gpu_load(f.L, dpay, f.len, &lp, stream), KVT_ECHECKSUM);
+  cudaFree(dpay);
+  fixture_free(&f);
+}
+
+static void test_gpu_load_refuses_other_shapes_and_lossless_sections(void **state) {
+  (void)state;
+  const shape s = {2, 40, 2, 64};
+  fixture f;
+  fixture_make(&f, "raw", &s);
+  /* A layout of 4 heads cannot take a 2-head payload. */
+  engine e4;
+  engine_make(&e4, LAY_VLLM, KVT_DTYPE_BF16, 2, 40, 16, 4, 64);
+  kvt_gpu_layout *L4;
+  assert_int_equal(kvt_gpu_layout_create(ctx, &e4.desc, &L4), 0);
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = 40;
+  lp.slots = f.dslots;
+  assert_int_equal(kvt_gpu_load(L4, f.pay, f.len, &lp, stream), KVT_ESHAPE);
+  kvt_gpu_layout_destroy(L4);
+  engine_free(&e4);
+  if (kvt_has_feature("zstd")) {
+    /* The same KV with the lossless stage: refused, not misread. */
+    const size_t n_el = (size_t)2 * 40 * 2 * 64;
+    uint16_t *k = calloc(n_el, 2), *v = calloc(n_el, 2);
+    kvt_kv_view view;
+    kvt_kv_view_dense(&view, k, v, KVT_DTYPE_BF16, 2, 40, 2, 64);
+    kvt_encode_params ep = KVT_ENCODE_PARAMS_INIT;
+    ep.zstd_level = 3;
+    uint8_t *z = pinned(4 * n_el + 4096);
+    size_t zlen;
+    assert_int_equal(kvt_encode(ctx, &ep, &view, z, 4 * n_el + 4096, &zlen), 0);
+    assert_int_equal(load(&f, z, zlen), KVT_ENOTSUP);
+    assert_non_null(strstr(kvt_ctx_last_error(ctx), "lossless"));
+    /* ... and the store does not offer it. */
+    kvt_gpu_store_params sp = f.sp;
+    sp.encode.zstd_level = 3;
+    size_t len;
+    assert_int_equal(kvt_gpu_store(f.L, &sp, f.pay, f.len, &len, stream), KVT_ENOTSUP);
+    cudaFreeHost(z);
+    free(k);
+    free(v);
+  }
+  fixture_free(&f);
+}
+
+static void test_gpu_store_refuses_nonfinite_and_out_of_range(void **state) {
+  (void)state;
+  const shape s = {1, 20, 2, 64};
+  fixture f;
+  fixture_make(&f, "k16v8", &s);
+  /* A NaN in V of token 3 (slot 8), head 1, dim 9. */
+  uint16_t nan = 0x7FC0;
+  size_t at = eidx(&f.e, 1, 8, 1, 9);
+  CUDA_OK(cudaMemcpy((uint16_t *)f.e.dev[0][0] + at, &nan, 2, cudaMemcpyHostToDevice));
+  size_t len;
+  int rc = kvt_gpu_store(f.L, &f.sp, f.pay, f.len, &len, stream);
+  assert_int_equal(rc, KVT_ENONFINITE);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "V layer 0 token 3 head 1 dim 9"));
+  /* In K a NaN is fine for k16v8 (n16 keys copy bits) but not for int4. */
+  kvt_gpu_store_params sp = f.sp;
+  assert_int_equal(kvt_codec_parse(ctx, "k=n16,v=n16", &sp.encode.spec), 0);
+  assert_int_equal(kvt_gpu_store(f.L, &sp, f.pay, f.cap, &len, stream), 0);
+  /* i4 over fp16 range: KVT_ERANGE. */
+  uint16_t big = kvt_f32_to_bf16(1e30f);
+  CUDA_OK(cudaMemcpy((uint16_t *)f.e.dev[0][0] + at, &big, 2, cudaMemcpyHostToDevice));
+  assert_int_equal(kvt_codec_parse(ctx, "k16v4", &sp.encode.spec), 0);
+  assert_int_equal(kvt_gpu_store(f.L, &sp, f.pay, f.cap, &len, stream), KVT_ERANGE);
+  /* Pageable destination and a too-small one. */
+  uint8_t *pageable = malloc(f.len);
+  assert_int_equal(kvt_gpu_store(f.L, &f.sp, pageable, f.len, &len, stream), KVT_ENOTSUP);
+  free(pageable);
+  assert_int_equal(kvt_gpu_store(f.L, &f.sp, f.pay, 100, &len, stream), KVT_ENOBUFS);
+  fixture_free(&f);
+}
+
+static uint8_t *read_pinned(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *b = pinned((size_t)n);
+  assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+/* One golden case: its input stored by the GPU gives the file's bytes; the
+ * file loaded by the GPU gives kvt_decode's values. */
+static void golden_case_on_gpu(const char *dir, const golden_case *gc) {
+  char path[4200];
+  snprintf(path, sizeof(path), "%s/%s.kvt", dir, gc->name);
+  size_t flen;
+  uint8_t *file = read_pinned(path, &flen);
+  const shape s = {gc->layers, gc->tokens, gc->heads, gc->head_dim};
+  const size_t n_el = golden_elems(gc);
+  uint16_t *k = malloc(2 * n_el), *v = malloc(2 * n_el), *dk = malloc(2 * n_el),
+           *dv = malloc(2 * n_el);
+  golden_input(gc, k, v);
+  assert_true(gc->model_layers <= MAXL);
+  engine src, dst;
+  engine_make(&src, LAY_VLLM, gc->dtype, gc->model_layers, gc->tokens, 16, gc->heads,
+              gc->head_dim);
+  engine_make(&dst, LAY_VLLM, gc->dtype, gc->model_layers, gc->tokens, 16, gc->heads,
+              gc->head_dim);
+  uint32_t *slots = malloc(4 * gc->tokens);
+  int64_t *s64 = malloc(8 * gc->tokens), *dslots;
+  uint32_t stride = 7, total = src.nb * src.bs;
+  while (total % stride == 0) /* a stride prime to the slot count: distinct slots */
+    stride += 2;
+  for (uint32_t t = 0; t < gc->tokens; t++)
+    s64[t] = slots[t] = (t * stride + 3) % total;
+  CUDA_OK(cudaMalloc((void **)&dslots, 8 * gc->tokens));
+  CUDA_OK(cudaMemcpy(dslots, s64, 8 * gc->tokens, cudaMemcpyHostToDevice));
+  scatter(&src, k, v, &s, slots, gc->layer_begin, gc->layers, 0);
+  engine_upload(&src);
+  engine_upload(&dst);
+  kvt_gpu_layout *Ls, *Ld;
+  assert_int_equal(kvt_gpu_layout_create(ctx, &src.desc, &Ls), 0);
+  assert_int_equal(kvt_gpu_layout_create(ctx, &dst.desc, &Ld), 0);
+  kvt_gpu_store_params sp = KVT_GPU_STORE_PARAMS_INIT;
+  assert_int_equal(golden_params(ctx, gc, &sp.encode), 0);
+  sp.layer_count = gc->layers;
+  sp.tokens = gc->tokens;
+  sp.slots = dslots;
+  uint8_t *out = pinned(flen);
+  size_t len = 0;
+  int rc = kvt_gpu_store(Ls, &sp, out, flen, &len, stream);
+  if (rc)
+    fail_msg("golden %s: gpu store: %s %s", gc->name, kvt_err_name(rc), kvt_ctx_last_error(ctx));
+  if (len != flen || memcmp(out, file, flen) != 0)
+    fail_msg("golden %s: the GPU store of its input is not the golden file", gc->name);
+  kvt_kv_view dview;
+  kvt_kv_view_dense(&dview, dk, dv, gc->dtype, gc->layers, gc->tokens, gc->heads, gc->head_dim);
+  assert_int_equal(kvt_decode(ctx, file, flen, NULL, &dview), 0);
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = gc->tokens;
+  lp.slots = dslots;
+  lp.expect_fingerprint = &sp.encode.fingerprint;
+  rc = kvt_gpu_load(Ld, file, flen, &lp, stream);
+  if (rc)
+    fail_msg("golden %s: gpu load: %s %s", gc->name, kvt_err_name(rc), kvt_ctx_last_error(ctx));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  scatter(&dst, dk, dv, &s, slots, gc->layer_begin, gc->layers, 0);
+  engine_expect(&dst, gc->name);
+  kvt_gpu_layout_destroy(Ls);
+  kvt_gpu_layout_destroy(Ld);
+  engine_free(&src);
+  engine_free(&dst);
+  cudaFree(dslots);
+  cudaFreeHost(out);
+  cudaFreeHost(file);
+  free(slots);
+  free(s64);
+  free(k);
+  free(v);
+  free(dk);
+  free(dv);
+}
+
+static void test_gpu_golden_payloads_load_and_store_bit_exact(void **state) {
+  (void)state;
+  const char *env = getenv("KVT_SOURCE_DIR");
+  char dir[4096], path[4200], line[1024];
+  snprintf(dir, sizeof(dir), "%s/tests/golden", env && *env ? env : KVT_SOURCE_DIR);
+  snprintf(path, sizeof(path), "%s/MANIFEST", dir);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  int cases = 0;
+  while (fgets(line, sizeof(line), f)) {
+    golden_case gc;
+    if (line[0] == '#' || golden_parse_line(line, &gc) != 0 || gc.zstd_level)
+      continue; /* the GPU reads plain sections only */
+    golden_case_on_gpu(dir, &gc);
+    cases++;
+  }
+  fclose(f);
+  assert_true(cases >= 10);
+}
+
+int main(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    fprintf(stderr, "skipped: no CUDA device\n");
+    return 77;
+  }
+  quick = getenv("KVT_GPU_TEST_QUICK") && atoi(getenv("KVT_GPU_TEST_QUICK"));
+  if (kvt_ctx_create(NULL, &ctx) != 0)
+    return 1;
+  cudaStream_t st;
+  if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
+    return 1;
+  stream = st;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_gpu_store_and_load_match_cpu_codec_every_preset_and_layout),
+      cmocka_unit_test(test_gpu_store_and_load_match_cpu_codec_odd_shapes),
+      cmocka_unit_test(test_gpu_load_rejects_bad_payloads),
+      cmocka_unit_test(test_gpu_load_refuses_other_shapes_and_lossless_sections),
+      cmocka_unit_test(test_gpu_store_refuses_nonfinite_and_out_of_range),
+      cmocka_unit_test(test_gpu_golden_payloads_load_and_store_bit_exact),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  cudaStreamDestroy(st);
+  kvt_ctx_destroy(ctx);
+  return rc;
+}
+
+#else
+
+/* Built without CUDA: the calls exist and say so. */
+static void test_gpu_calls_return_enotsup_without_cuda(void **state) {
+  (void)state;
+  kvt_ctx *c;
+  assert_int_equal(kvt_ctx_create(NULL, &c), 0);
+  void *ptrs[1] = {&c};
+  kvt_gpu_layout_desc d;
+  kvt_gpu_layout_desc_vllm(&d, KVT_DTYPE_BF16, 1, ptrs, 4, 16, 8, 128);
+  assert_int_equal(d.stride_block, 16 * 8 * 128);
+  assert_int_equal(d.v_offset, 4 * 16 * 8 * 128);
+  kvt_gpu_layout *L = NULL;
+  assert_int_equal(kvt_gpu_layout_create(c, &d, &L), KVT_ENOTSUP);
+  assert_null(L);
+  assert_non_null(strstr(kvt_ctx_last_error(c), "without CUDA"));
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  assert_int_equal(kvt_gpu_load(NULL, "x", 1, &lp, NULL), KVT_ENOTSUP);
+  size_t len;
+  assert_int_equal(kvt_gpu_store(NULL, NULL, NULL, 0, &len, NULL), KVT_ENOTSUP);
+  int kind;
+  assert_int_equal(kvt_gpu_mem_kind(c, "x", &kind), KVT_ENOTSUP);
+  kvt_gpu_layout_destroy(NULL);
+  kvt_ctx_destroy(c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_gpu_calls_return_enotsup_without_cuda),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  if (rc)
+    return rc;
+  fprintf(stderr, "skipped: built without CUDA (KVT_ENABLE_CUDA)\n");
+  return 77;
+}
+#endif

@@ -25,10 +25,14 @@ static const char tier_help[] =
     "repetitions as GB/s (1e9 bytes/s). Baselines in the same run:\n"
     "  dram:  memcpy of the same buffers (same sizes and count, pre-faulted), timed\n"
     "         in every repetition;\n"
-    "  nvme:  fio (median of 5 runs) on a file in the tier's DIR with the same block\n"
-    "         size, queue depth and total bytes: --rw=write with --fdatasync=1 (one\n"
-    "         fdatasync per block, as the tier does one per payload), then --rw=read.\n"
-    "         Skipped, and said so, when fio is not on PATH.\n"
+    "  nvme:  fio on a file in the tier's DIR with the same block size, queue\n"
+    "         depth and total bytes: --rw=write with --fdatasync=1 (one fdatasync per\n"
+    "         block, as the tier does one per payload), then --rw=read; one run of\n"
+    "         each after every repetition, so both see the same disk weather. The\n"
+    "         first repetition is also shown alone: its PUTs create new files (and\n"
+    "         fio's first write allocates its file); later ones overwrite the files\n"
+    "         the previous DELs left (and fio overwrites its file). Skipped, and said\n"
+    "         so, when fio is not on PATH.\n"
     "\n"
     "Options:\n"
     "  --tiers SPEC   the tier to measure, e.g. dram:2GiB or nvme:/var/tmp/kvt:8GiB\n"
@@ -40,13 +44,14 @@ static const char tier_help[] =
 
 #define MAX_SIZES 16
 #define MAX_REPS 1000
-#define FIO_RUNS 5
 #define ALIGN 4096
 
 typedef struct row {
   uint64_t size, count;
   double put_s, get_s, memcpy_s;      /* medians */
+  double put_first_s;                 /* the first repetition's PUT (new files) */
   double fio_w, fio_r;                /* bytes/s, medians; 0 when not run or failed */
+  double fio_w_first;                 /* fio's first write run (allocating its file) */
   char fio_wcmd[1024], fio_rcmd[1024]; /* the command lines */
 } row;
 
@@ -194,18 +199,20 @@ static void fio_version(tb *b) {
   free(out);
 }
 
-static void fio_row(const tb *b, row *r) {
-  double w[FIO_RUNS], rd[FIO_RUNS];
+/* One fio write and one fio read run, for repetition rep. */
+static void fio_rep(const tb *b, row *r, double *w, double *rd) {
   const uint64_t total = r->size * r->count;
-  for (int i = 0; i < FIO_RUNS; i++) {
-    w[i] = fio_run(b, "write", r->size, total, r->fio_wcmd, sizeof(r->fio_wcmd));
-    rd[i] = fio_run(b, "read", r->size, total, r->fio_rcmd, sizeof(r->fio_rcmd));
-  }
+  *w = fio_run(b, "write", r->size, total, r->fio_wcmd, sizeof(r->fio_wcmd));
+  *rd = fio_run(b, "read", r->size, total, r->fio_rcmd, sizeof(r->fio_rcmd));
+}
+
+static void fio_done(const tb *b, row *r, double *w, double *rd) {
   char file[1200];
   snprintf(file, sizeof(file), "%s/kvt-bench-fio.%ld.dat", b->dir, (long)getpid());
   unlink(file);
-  r->fio_w = cli_median(w, FIO_RUNS);
-  r->fio_r = cli_median(rd, FIO_RUNS);
+  r->fio_w_first = w[0];
+  r->fio_w = cli_median(w, b->reps);
+  r->fio_r = cli_median(rd, b->reps);
 }
 
 /* ---- the tier ---------------------------------------------------------------- */
@@ -281,7 +288,9 @@ static int bench_size(tb *b, row *r) {
   kvt_tier_op **ptr = calloc(count, sizeof(*ptr)), **done = calloc(b->qd, sizeof(*done));
   double *tp = calloc(b->reps, sizeof(double)), *tg = calloc(b->reps, sizeof(double));
   double *tm = calloc(b->reps, sizeof(double));
-  int rc = !src || !dst || !ops || !ptr || !done || !tp || !tg || !tm ? -ENOMEM : 0;
+  double *fw = calloc(b->reps, sizeof(double)), *fr = calloc(b->reps, sizeof(double));
+  const int fio = b->nvme && b->fio_version[0];
+  int rc = !src || !dst || !ops || !ptr || !done || !tp || !tg || !tm || !fw || !fr ? -ENOMEM : 0;
   for (uint64_t i = 0; i < count && rc == 0; i++) {
     src[i] = aligned_alloc(ALIGN, size);
     dst[i] = aligned_alloc(ALIGN, size);
@@ -316,11 +325,14 @@ static int bench_size(tb *b, row *r) {
     what = "DEL";
     if (rc == 0)
       rc = phase(b, ops, ptr, done, KVT_TIER_DEL, NULL, size, count, rep, NULL);
+    if (rc == 0 && fio)
+      fio_rep(b, r, &fw[rep], &fr[rep]);
   }
   if (rc)
     cli_error("bench tier: %s: %llu x %llu bytes: %s", b->spec, (unsigned long long)count,
               (unsigned long long)size, what);
   else {
+    r->put_first_s = tp[0];
     r->put_s = cli_median(tp, b->reps);
     r->get_s = cli_median(tg, b->reps);
     r->memcpy_s = cli_median(tm, b->reps);
@@ -329,9 +341,10 @@ static int bench_size(tb *b, row *r) {
     free(src[i]);
     free(dst[i]);
   }
+  if (fio)
+    fio_done(b, r, fw, fr);
+  free(fr), free(fw);
   free(tm), free(tg), free(tp), free(done), free(ptr), free(ops), free(dst), free(src);
-  if (rc == 0 && b->nvme && b->fio_version[0])
-    fio_row(b, r);
   return rc ? CLI_EFAIL : 0;
 }
 
@@ -347,7 +360,7 @@ static void print_json(const tb *b, const row *rows, size_t n, const char *cpu) 
   if (b->nvme && b->fio_version[0]) {
     printf("{\"version\": ");
     cli_json_str(stdout, b->fio_version);
-    printf(", \"runs\": %d, \"write_sync\": \"--fdatasync=1\"}", FIO_RUNS);
+    printf(", \"runs\": %u, \"interleaved\": true, \"write_sync\": \"--fdatasync=1\"}", b->reps);
   } else
     printf("null");
   printf(",\n \"sizes\": [");
@@ -363,9 +376,11 @@ static void print_json(const tb *b, const row *rows, size_t n, const char *cpu) 
              rel(p, m), rel(g, m));
     } else if (b->fio_version[0]) {
       const double w = r->fio_w / 1e9, rd = r->fio_r / 1e9;
+      const double pf = gbps(bytes, r->put_first_s), wf = r->fio_w_first / 1e9;
       printf(", \"fio_write_gbps\": %.4f, \"fio_read_gbps\": %.4f, \"put_vs_fio_write\": %.4f, "
-             "\"get_vs_fio_read\": %.4f, \"fio_write_cmd\": ",
-             w, rd, rel(p, w), rel(g, rd));
+             "\"get_vs_fio_read\": %.4f, \"put_first_gbps\": %.4f, \"fio_write_first_gbps\": "
+             "%.4f, \"put_first_vs_fio_write_first\": %.4f, \"fio_write_cmd\": ",
+             w, rd, rel(p, w), rel(g, rd), pf, wf, rel(pf, wf));
       cli_json_str(stdout, r->fio_wcmd);
       printf(", \"fio_read_cmd\": ");
       cli_json_str(stdout, r->fio_rcmd);
@@ -385,9 +400,9 @@ static void print_text(const tb *b, const row *rows, size_t n, const char *cpu, 
   printf("tier: %s; %u operations in flight (submit/poll); medians of %u repetitions\n", b->spec,
          b->qd, b->reps);
   if (b->nvme && b->fio_version[0])
-    printf("baseline: %s, median of %d runs per job; writes with --fdatasync=1 (one fdatasync "
-           "per block = per payload, as the tier's PUT: write + fdatasync + rename)\n",
-           b->fio_version, FIO_RUNS);
+    printf("baseline: %s, one run per job after each repetition (medians of %u); writes with "
+           "--fdatasync=1 (one fdatasync per block = per payload, as the tier's PUT)\n",
+           b->fio_version, b->reps);
   else if (b->nvme)
     printf("baseline: fio is not on PATH: fio comparison skipped\n");
   else
@@ -411,9 +426,17 @@ static void print_text(const tb *b, const row *rows, size_t n, const char *cpu, 
     } else
       printf(" %9s %9s %8s %8s\n", "-", "-", "-", "-");
   }
-  if (b->nvme && b->fio_version[0])
+  if (b->nvme && b->fio_version[0]) {
+    printf("\nfirst repetition alone (the tier creates new files, fio allocates its file):\n");
+    for (size_t i = 0; i < n; i++) {
+      const row *r = &rows[i];
+      const double pf = gbps((double)r->size * (double)r->count, r->put_first_s);
+      printf("%10llu  PUT %.3f GB/s  fio-wr %.3f GB/s  PUT/fio %.3f\n",
+             (unsigned long long)r->size, pf, r->fio_w_first / 1e9, rel(pf, r->fio_w_first / 1e9));
+    }
     for (size_t i = 0; i < n; i++)
       printf("\nfio write: %s\nfio read:  %s", rows[i].fio_wcmd, rows[i].fio_rcmd);
+  }
   printf("\n\nGB/s: 1e9 payload bytes per second over the whole phase (first submit to last "
          "completion).\n");
 }

@@ -281,7 +281,16 @@ int kvt_tier_poll(kvt_tier *t, kvt_tier_op **done, size_t max, int timeout_ms) {
       op->internal[0] = NULL;
       done[got++] = op;
     }
-    if (got || max == 0 || timeout_ms == 0 || t->in_flight == 0)
+    if (timeout_ms == 0 && !got && max && t->in_flight && t->be->progress) {
+      /* A backend completing on the caller's thread (io_uring) gets one
+       * non-blocking turn, so polling with timeout 0 makes progress. */
+      pthread_mutex_unlock(&t->mu);
+      t->be->progress(t->state, 0);
+      pthread_mutex_lock(&t->mu);
+      timeout_ms = -2; /* taken; what it completed is collected below */
+      continue;
+    }
+    if (got || max == 0 || timeout_ms == 0 || timeout_ms == -2 || t->in_flight == 0)
       break; /* nothing in flight: nothing could arrive but a later submit's */
     int left = -1;
     if (timeout_ms > 0) {
@@ -311,6 +320,11 @@ int kvt_tier_wait(kvt_tier *t, kvt_tier_op *op, int timeout_ms) {
   if (!(op->status & ST_SYNC)) {
     pthread_mutex_unlock(&t->mu);
     return -EINVAL;
+  }
+  if (!(op->status & ST_DONE) && timeout_ms == 0 && t->be->progress) {
+    pthread_mutex_unlock(&t->mu); /* one non-blocking turn, as kvt_tier_poll */
+    t->be->progress(t->state, 0);
+    pthread_mutex_lock(&t->mu);
   }
   while (!(op->status & ST_DONE) && timeout_ms != 0) {
     int left = -1;

@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <pthread.h>
 
+#include "tier_index.h"
 #include "tier_internal.h"
 
 /* Builds with AddressSanitizer poison every free byte of a slab, so a copy
@@ -48,7 +49,6 @@
 #define SLAB_ALIGN 4096u      /* page aligned, as cudaHostRegister will want */
 #define NO_SLAB UINT32_MAX    /* a zero-length value: no storage */
 #define NPINS 64              /* blocks pinned at once; beyond that GETs copy under the lock */
-#define IDX_MIN 256u
 #define EXT_MIN 64u
 
 typedef struct extent {
@@ -64,13 +64,9 @@ typedef struct slab {
   extent *ext; /* free extents by address, never adjacent (coalesced) */
 } slab;
 
-typedef struct entry {
-  kvt_key key;
-  uint64_t off, len;
-  uint32_t slab;
-  uint16_t pin; /* 1 + index of its pin record; 0 when no reader holds it */
-  uint8_t live;
-} entry;
+/* Index entries (tier_index.h) use off and slab for the block, and pin:
+ * 1 + index of its pin record, 0 when no reader holds it. */
+typedef kvt_index_entry entry;
 
 typedef struct pin {
   kvt_key key;
@@ -92,85 +88,12 @@ typedef struct dram {
   uint64_t used;       /* allocated block bytes, at most slab_bytes */
   slab *slabs;
   uint32_t n_slabs, cap_slabs;
-  entry *idx; /* open addressing, linear probing, power-of-two size */
-  uint64_t idx_cap, items;
+  kvt_index ix;
   uint64_t pending; /* PUTs holding a reserved index slot, not yet published */
   pin pins[NPINS];
   uint8_t free_pins[NPINS];
   unsigned n_free_pins;
 } dram;
-
-/* ---- index ---------------------------------------------------------------- */
-
-/* Keys are XXH3 output in production, but tests and callers may use
- * structured keys, so both halves are mixed. */
-static uint64_t key_hash(const kvt_key *k) {
-  uint64_t h = kvt_ld64(k->bytes) ^ (kvt_ld64(k->bytes + 8) * 0x9E3779B97F4A7C15ull);
-  h ^= h >> 31;
-  h *= 0xD6E8FEB86659FD93ull;
-  return h ^ (h >> 32);
-}
-
-static entry *idx_find(const dram *d, const kvt_key *k) {
-  if (!d->idx_cap)
-    return NULL;
-  const uint64_t mask = d->idx_cap - 1;
-  for (uint64_t i = key_hash(k) & mask;; i = (i + 1) & mask) {
-    entry *e = &d->idx[i];
-    if (!e->live)
-      return NULL;
-    if (memcmp(e->key.bytes, k->bytes, sizeof(k->bytes)) == 0)
-      return e;
-  }
-}
-
-/* An empty slot for a key known to be absent; room was reserved. */
-static entry *idx_slot(const dram *d, const kvt_key *k) {
-  const uint64_t mask = d->idx_cap - 1;
-  uint64_t i = key_hash(k) & mask;
-  while (d->idx[i].live)
-    i = (i + 1) & mask;
-  return &d->idx[i];
-}
-
-/* Makes room for `want` entries at a load of at most 3/4, so publishing a
- * PUT never allocates (and so never fails after its bytes were copied). */
-static int idx_reserve(dram *d, uint64_t want) {
-  if (want * 4 <= d->idx_cap * 3)
-    return 0;
-  uint64_t cap = d->idx_cap ? d->idx_cap * 2 : IDX_MIN;
-  while (want * 4 > cap * 3)
-    cap *= 2;
-  entry *n = kvt_alloc(d->ctx, cap * sizeof(*n), 64);
-  if (!n)
-    return -ENOMEM;
-  memset(n, 0, cap * sizeof(*n));
-  entry *old = d->idx;
-  const uint64_t old_cap = d->idx_cap;
-  d->idx = n;
-  d->idx_cap = cap;
-  for (uint64_t i = 0; i < old_cap; i++)
-    if (old[i].live)
-      *idx_slot(d, &old[i].key) = old[i];
-  kvt_dealloc(d->ctx, old);
-  return 0;
-}
-
-/* Backward-shift deletion: no tombstones, so probe chains stay short under
- * churn without periodic rehashing. */
-static void idx_remove(dram *d, entry *e) {
-  const uint64_t mask = d->idx_cap - 1;
-  uint64_t hole = (uint64_t)(e - d->idx);
-  for (uint64_t j = (hole + 1) & mask; d->idx[j].live; j = (j + 1) & mask) {
-    const uint64_t home = key_hash(&d->idx[j].key) & mask;
-    if (((j - home) & mask) >= ((j - hole) & mask)) {
-      d->idx[hole] = d->idx[j];
-      hole = j;
-    }
-  }
-  d->idx[hole].live = 0;
-  d->items--;
-}
 
 /* ---- slab allocator --------------------------------------------------------- */
 
@@ -379,7 +302,7 @@ static void pin_drop(dram *d, int p) {
   if (r->dead) {
     block_free(d, r->slab, r->off, r->size);
   } else { /* not dead: still indexed, and by this very block */
-    entry *e = idx_find(d, &r->key);
+    entry *e = kvt_index_find(&d->ix, &r->key);
     if (e)
       e->pin = 0;
   }
@@ -409,7 +332,7 @@ static int op_put(dram *d, const kvt_tier_op *op) {
   uint64_t off = 0;
   uint8_t *dst = NULL;
   pthread_mutex_lock(&d->mu);
-  int rc = idx_reserve(d, d->items + d->pending + 1);
+  int rc = kvt_index_reserve(&d->ix, d->ix.items + d->pending + 1);
   if (!rc && size)
     rc = block_alloc(d, size, &si, &off);
   if (rc) {
@@ -428,21 +351,21 @@ static int op_put(dram *d, const kvt_tier_op *op) {
 
   pthread_mutex_lock(&d->mu);
   d->pending--;
-  entry *e = idx_find(d, &op->key);
-  if (e) {
+  int fresh;
+  entry *e = kvt_index_upsert(&d->ix, &op->key, &fresh);
+  if (!fresh)
     entry_release(d, e);
-  } else {
-    e = idx_slot(d, &op->key);
-    d->items++;
-  }
-  *e = (entry){op->key, off, len, si, 0, 1};
+  e->off = off;
+  e->len = len;
+  e->slab = si;
+  e->pin = 0;
   pthread_mutex_unlock(&d->mu);
   return 0;
 }
 
 static int op_get(dram *d, kvt_tier_op *op) {
   pthread_mutex_lock(&d->mu);
-  entry *e = idx_find(d, &op->key);
+  entry *e = kvt_index_find(&d->ix, &op->key);
   if (!e) {
     pthread_mutex_unlock(&d->mu);
     return KVT_ENOTFOUND;
@@ -470,10 +393,10 @@ static int op_get(dram *d, kvt_tier_op *op) {
 
 static int op_del(dram *d, const kvt_tier_op *op) {
   pthread_mutex_lock(&d->mu);
-  entry *e = idx_find(d, &op->key);
+  entry *e = kvt_index_find(&d->ix, &op->key);
   if (e) {
     entry_release(d, e);
-    idx_remove(d, e);
+    kvt_index_remove(&d->ix, e);
   }
   pthread_mutex_unlock(&d->mu);
   return e ? 0 : KVT_ENOTFOUND;
@@ -481,7 +404,7 @@ static int op_del(dram *d, const kvt_tier_op *op) {
 
 static int op_query(dram *d, kvt_tier_op *op) {
   pthread_mutex_lock(&d->mu);
-  const entry *e = idx_find(d, &op->key);
+  const entry *e = kvt_index_find(&d->ix, &op->key);
   if (e)
     op->out_len = e->len;
   pthread_mutex_unlock(&d->mu);
@@ -530,6 +453,7 @@ static int dram_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **stat
   }
   d->ctx = ctx;
   d->tier = tier;
+  kvt_index_init(&d->ix, ctx);
   d->capacity = cap;
   d->slab_size = (cap < SLAB_MAX ? cap : SLAB_MAX) & ~(uint64_t)(GRANULE - 1);
   for (unsigned i = 0; i < NPINS; i++)
@@ -550,7 +474,7 @@ static void dram_close(void *state) {
     if (d->slabs[i].base)
       slab_release(d, &d->slabs[i]);
   kvt_dealloc(ctx, d->slabs);
-  kvt_dealloc(ctx, d->idx);
+  kvt_index_free(&d->ix);
   pthread_mutex_destroy(&d->mu);
   kvt_dealloc(ctx, d);
 }
@@ -560,33 +484,25 @@ static int dram_stats(void *state, kvt_tier_stats *out) {
   pthread_mutex_lock(&d->mu);
   out->capacity = d->capacity;
   out->used = d->used;
-  out->items = d->items;
+  out->items = d->ix.items;
   pthread_mutex_unlock(&d->mu);
   out->item_overhead = 0;
   out->granule = GRANULE;
   return 0;
 }
 
-typedef struct listed {
-  kvt_key key;
-  uint64_t len;
-} listed;
-
 /* fn runs on a copy taken under the lock, so it may call back into the tier
  * (GET what it is shown, DEL it) without deadlocking or invalidating the walk. */
 static int dram_list(void *state, kvt_tier_list_fn fn, void *opaque) {
   dram *d = state;
   pthread_mutex_lock(&d->mu);
-  const uint64_t n = d->items;
-  listed *all = n ? kvt_alloc(d->ctx, (size_t)n * sizeof(*all), 64) : NULL;
+  const uint64_t n = d->ix.items;
+  kvt_index_item *all = n ? kvt_alloc(d->ctx, (size_t)n * sizeof(*all), 64) : NULL;
   if (n && !all) {
     pthread_mutex_unlock(&d->mu);
     return -ENOMEM;
   }
-  uint64_t k = 0;
-  for (uint64_t i = 0; i < d->idx_cap && k < n; i++)
-    if (d->idx[i].live)
-      all[k++] = (listed){d->idx[i].key, d->idx[i].len};
+  const uint64_t k = kvt_index_snapshot(&d->ix, all, n);
   pthread_mutex_unlock(&d->mu);
   int rc = 0;
   for (uint64_t i = 0; i < k && rc == 0; i++)

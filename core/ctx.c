@@ -48,6 +48,33 @@ static int detect_avx2(void) {
 #endif
 }
 
+static int detect_avx512(void) {
+#if defined(KVT_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) /* OSXSAVE */
+    return 0;
+  unsigned xlo, xhi;
+  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  if ((xlo & 0xE6u) != 0xE6u) /* XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM */
+    return 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+    return 0;
+  return (b & (1u << 16)) != 0; /* AVX512F */
+#else
+  return 0;
+#endif
+}
+
+int kvt_cpu_has_avx512(void) {
+  static int known; /* as kvt_cpu_has_avx2 */
+  int v = __atomic_load_n(&known, __ATOMIC_RELAXED);
+  if (KVT_UNLIKELY(!v)) {
+    v = detect_avx512() ? 2 : 1;
+    __atomic_store_n(&known, v, __ATOMIC_RELAXED);
+  }
+  return v == 2;
+}
+
 int kvt_cpu_has_avx2(void) {
   static int known; /* 0: not yet; 1: no; 2: yes. Racing threads store the same value. */
   int v = __atomic_load_n(&known, __ATOMIC_RELAXED);

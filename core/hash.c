@@ -52,13 +52,19 @@ static void put128(XXH128_hash_t h, uint8_t out[16]) {
 
 #ifdef KVT_HAVE_AVX2
 void kvt_hash128_avx2(const void *data, size_t len, uint64_t *hi, uint64_t *lo);
+void kvt_hash128_avx512(const void *data, size_t len, uint64_t *hi, uint64_t *lo);
 #endif
 
 void kvt_hash128(const void *data, size_t len, uint8_t out[16]) {
 #ifdef KVT_HAVE_AVX2
-  if (len > 240 && kvt_cpu_has_avx2()) { /* shorter inputs take no vector path */
+  if (len > 240) { /* shorter inputs take no vector path */
     XXH128_hash_t h;
-    kvt_hash128_avx2(data, len, &h.high64, &h.low64);
+    if (kvt_cpu_has_avx512())
+      kvt_hash128_avx512(data, len, &h.high64, &h.low64);
+    else if (kvt_cpu_has_avx2())
+      kvt_hash128_avx2(data, len, &h.high64, &h.low64);
+    else
+      h = XXH3_128bits(data, len);
     put128(h, out);
     return;
   }

@@ -54,6 +54,8 @@ void kvt_dealloc(kvt_ctx *ctx, void *ptr);
 
 /* Whether this CPU and build can run the AVX2+F16C paths. */
 int kvt_cpu_has_avx2(void);
+/* AVX-512F with the OS saving ZMM state (the XXH3-128 of chunk keys). */
+int kvt_cpu_has_avx512(void);
 
 /* XXH3, no seed: the payload checksums and the key hash. */
 uint64_t kvt_hash64(const void *data, size_t len);

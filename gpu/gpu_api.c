@@ -84,6 +84,14 @@ int kvt_gpu_mem_kind(kvt_ctx *ctx, const void *p, int *kind) {
   (void)kind;
   return no_cuda(ctx);
 }
+int kvt_gpu_host_register(kvt_ctx *ctx, void *p, size_t len) {
+  (void)p, (void)len;
+  return no_cuda(ctx);
+}
+int kvt_gpu_host_unregister(kvt_ctx *ctx, void *p) {
+  (void)p;
+  return no_cuda(ctx);
+}
 int kvt_gpu_store_bound(kvt_gpu_layout *layout, const kvt_gpu_store_params *p, uint64_t *out) {
   (void)layout, (void)p, (void)out;
   return KVT_ENOTSUP;
@@ -220,6 +228,23 @@ int kvt_gpu_mem_kind(kvt_ctx *ctx, const void *p, int *kind) {
   return e ? cuda_fail(ctx, e, "cudaPointerGetAttributes") : 0;
 }
 
+int kvt_gpu_host_register(kvt_ctx *ctx, void *p, size_t len) {
+  if (!p || !len)
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_host_register: NULL or empty range");
+  int n = 0, e = kvt_gpurt_device_count(&n);
+  if (e || n == 0) /* no driver, or no device: ordinary memory it is */
+    return kvt_fail(ctx, KVT_ENOTSUP, "no CUDA device to pin host memory for");
+  e = kvt_gpurt_host_register(p, len);
+  return e ? cuda_fail(ctx, e, "cudaHostRegister") : 0;
+}
+
+int kvt_gpu_host_unregister(kvt_ctx *ctx, void *p) {
+  if (!p)
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_host_unregister: NULL");
+  int e = kvt_gpurt_host_unregister(p);
+  return e ? cuda_fail(ctx, e, "cudaHostUnregister") : 0;
+}
+
 /* The device address of a payload buffer, with its kind. */
 static int payload_addr(kvt_ctx *ctx, const void *p, int *kind, uint8_t **dev) {
   void *d = NULL;
@@ -332,7 +357,7 @@ int kvt_gpu_store_bound(kvt_gpu_layout *L, const kvt_gpu_store_params *p, uint64
     return -EINVAL;
   kvt_clear_error(L->ctx);
   kvt_codec_spec spec;
-  uint32_t model_layers;
+  uint32_t model_layers = 0;
   return store_check(L, p, &spec, &model_layers, out);
 }
 
@@ -387,7 +412,7 @@ int kvt_gpu_store_async(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *
   if (!dst || !len)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store: NULL destination or length");
   kvt_codec_spec spec;
-  uint32_t model_layers;
+  uint32_t model_layers = 0;
   uint64_t size;
   int rc = store_check(L, p, &spec, &model_layers, &size);
   if (rc)

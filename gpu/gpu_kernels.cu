@@ -897,6 +897,11 @@ extern "C" int kvt_gpurt_pointer(const void *p, int *kind, void **dev) {
   return 0;
 }
 
+extern "C" int kvt_gpurt_host_register(void *p, size_t n) {
+  return (int)cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterMapped);
+}
+extern "C" int kvt_gpurt_host_unregister(void *p) { return (int)cudaHostUnregister(p); }
+
 extern "C" int kvt_gpurt_malloc(void **p, size_t n) { return (int)cudaMalloc(p, n); }
 extern "C" void kvt_gpurt_free(void *p) { cudaFree(p); }
 extern "C" int kvt_gpurt_zero(void *p, size_t n) { return (int)cudaMemset(p, 0, n); }

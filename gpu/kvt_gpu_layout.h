@@ -118,6 +118,8 @@ int kvt_gpurt_device_count(int *n);
 /* kind: enum kvt_gpu_mem; *dev: the device-side address of p (NULL for
  * pageable memory). */
 int kvt_gpurt_pointer(const void *p, int *kind, void **dev);
+int kvt_gpurt_host_register(void *p, size_t n);
+int kvt_gpurt_host_unregister(void *p);
 int kvt_gpurt_malloc(void **p, size_t n);
 int kvt_gpurt_zero(void *p, size_t n);
 void kvt_gpurt_free(void *p);

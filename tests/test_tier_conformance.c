@@ -598,7 +598,7 @@ static void test_bad_specs_fail_with_a_detail_naming_the_problem(void **state) {
     const char *spec, *names; /* the detail must contain names */
   } bad[] = {
       {"", ""},          {"nosuch:1GiB", "nosuch"}, {"dram", "dram"},         {"dram:", "dram"},
-      {"dram:-5", "-5"}, {"dram:12XB", "12XB"},     {"dram:1GiB,x", "1GiB,x"}};
+      {"dram:-5", "-5"}, {"dram:12XB", "12XB"},     {"dram:1GiB,x", "option 'x'"}};
   kvt_ctx *ctx = NULL;
   assert_int_equal(kvt_ctx_create(NULL, &ctx), 0);
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

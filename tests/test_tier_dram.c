@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "kvtier/gpu.h"
 
 #define KiB (1ull << 10)
 #define MiB (1ull << 20)
@@ -164,6 +165,47 @@ static void test_dram_open_rejects_zero_or_unparsable_capacity(void **state) {
   assert_string_equal(kvt_tier_spec(t), "dram:8GiB");
   kvt_tier_close(t);
   kvt_ctx_destroy(ctx);
+}
+
+/* pin=off never pins; pin=on opens only where host memory can be pinned
+ * (a CUDA build with a device; test_gpu_dram_pin.c checks that side); the
+ * default (auto) opens everywhere and pins only with a device. */
+static void test_dram_pin_option(void **state) {
+  (void)state;
+  kvt_ctx *c;
+  assert_int_equal(kvt_ctx_create(NULL, &c), 0);
+  kvt_tier *t = NULL;
+  assert_int_equal(kvt_tier_open(c, "dram:1MiB,pin=off", &t), 0);
+  uint8_t v[1000] = {1};
+  kvt_key k = {{7}};
+  assert_int_equal(kvt_tier_put(t, &k, v, sizeof(v)), 0);
+  kvt_tier_stats s;
+  memset(&s, 0, sizeof(s));
+  s.struct_size = sizeof(s);
+  assert_int_equal(kvt_tier_stats_get(t, &s), 0);
+  assert_int_equal(s.pinned_bytes, 0);
+  kvt_tier_close(t);
+  assert_int_equal(kvt_tier_open(c, "dram:1MiB,pin=maybe", &t), -EINVAL);
+  assert_non_null(strstr(kvt_ctx_last_error(c), "pin=maybe"));
+  assert_int_equal(kvt_tier_open(c, "dram:1MiB,pin=auto", &t), 0);
+  kvt_tier_close(t);
+  /* Whether this machine can pin at all decides what pin=on does. */
+  void *page = aligned_alloc(4096, 4096);
+  const int can = kvt_gpu_host_register(NULL, page, 4096);
+  if (can == 0)
+    kvt_gpu_host_unregister(NULL, page);
+  free(page);
+  if (!kvt_has_feature("cuda"))
+    assert_int_equal(can, KVT_ENOTSUP);
+  const int r = kvt_tier_open(c, "dram:1MiB,pin=on", &t);
+  if (can == 0) {
+    assert_int_equal(r, 0);
+    kvt_tier_close(t);
+  } else {
+    assert_int_equal(r, can);
+    assert_non_null(strstr(kvt_ctx_last_error(c), "pin=on"));
+  }
+  kvt_ctx_destroy(c);
 }
 
 static void test_dram_put_beyond_free_space_is_enospc_and_used_stays_within_capacity(void **state) {
@@ -557,6 +599,7 @@ static void test_dram_stats_follow_operations(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dram_open_rejects_zero_or_unparsable_capacity),
+      cmocka_unit_test(test_dram_pin_option),
       cmocka_unit_test(test_dram_put_beyond_free_space_is_enospc_and_used_stays_within_capacity),
       cmocka_unit_test(test_dram_used_counts_granule_rounding_and_empty_values),
       cmocka_unit_test(test_dram_failed_replace_keeps_the_old_value),

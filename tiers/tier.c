@@ -412,6 +412,7 @@ int kvt_tier_inner_stats(kvt_tier *inner, kvt_tier_stats *out) {
   out->items = in.items;
   out->item_overhead = in.item_overhead;
   out->granule = in.granule;
+  out->pinned_bytes = in.pinned_bytes;
   return 0;
 }
 
@@ -437,6 +438,7 @@ int kvt_tier_stats_get(kvt_tier *t, kvt_tier_stats *out) {
   s.items = b.items;
   s.item_overhead = b.item_overhead;
   s.granule = b.granule;
+  s.pinned_bytes = b.pinned_bytes;
   s.struct_size = want;
   memcpy(out, &s, want);
   return 0;

@@ -15,13 +15,17 @@
  * block, copies unlocked and unpins. A block deleted or replaced while pinned
  * is freed by its last reader.
  *
- * PINNING: DESIGN.md section 4 wants this memory page-locked (cudaHostRegister)
- * when CUDA is built and a device is present, for full-speed DMA. The CPU
- * modules must not link CUDA, so this is plain 4096-aligned memory for now;
- * registration comes with the GPU work (issue 4). Nothing here is pinned. */
+ * Pinning (pin=auto, the default): with CUDA built and a device present,
+ * every slab is page-locked and mapped for the GPU (kvt_gpu_host_register)
+ * when it is allocated and unregistered before it is freed, so DMA and the
+ * load kernel read payloads at full speed; never per payload, and nothing is
+ * pinned for a lookup. pin=on refuses to open without a device; pin=off
+ * never calls CUDA (a process that forks after opening wants that). A slab
+ * that fails to pin stays ordinary memory, with a warning. */
 #include <errno.h>
 #include <pthread.h>
 
+#include "kvtier/gpu.h"
 #include "tier_index.h"
 #include "tier_internal.h"
 
@@ -62,6 +66,7 @@ typedef struct slab {
   uint64_t blocks;   /* allocated blocks, pending and pinned-dead ones included */
   uint64_t n_ext, cap_ext;
   extent *ext; /* free extents by address, never adjacent (coalesced) */
+  int pinned;  /* registered with CUDA */
 } slab;
 
 /* Index entries (tier_index.h) use off and slab for the block, and pin:
@@ -93,6 +98,9 @@ typedef struct dram {
   pin pins[NPINS];
   uint8_t free_pins[NPINS];
   unsigned n_free_pins;
+  int pin_slabs;         /* register new slabs with CUDA */
+  int pin_warned;        /* a registration failed once: said so */
+  uint64_t pinned_bytes; /* slab bytes registered */
 } dram;
 
 /* ---- slab allocator --------------------------------------------------------- */
@@ -117,6 +125,10 @@ static int ext_reserve(dram *d, slab *s, uint64_t want) {
 }
 
 static void slab_release(dram *d, slab *s) {
+  if (s->pinned) {
+    kvt_gpu_host_unregister(NULL, s->base);
+    d->pinned_bytes -= s->size;
+  }
   UNPOISON(s->base, s->size);
   kvt_dealloc(d->ctx, s->base);
   kvt_dealloc(d->ctx, s->ext);
@@ -176,6 +188,18 @@ static int slab_add(dram *d, uint64_t need, uint32_t *out) {
     kvt_dealloc(d->ctx, s->ext);
     memset(s, 0, sizeof(*s));
     return -ENOMEM;
+  }
+  if (d->pin_slabs) {
+    const int pr = kvt_gpu_host_register(NULL, s->base, (size_t)size);
+    s->pinned = pr == 0;
+    if (pr == 0)
+      d->pinned_bytes += size;
+    else if (!d->pin_warned) {
+      d->pin_warned = 1;
+      kvt_logf(d->ctx, KVT_LOG_WARN,
+               "dram tier: a %llu-byte slab could not be pinned (%s); it stays ordinary memory",
+               (unsigned long long)size, kvt_strerror(pr));
+    }
   }
   POISON(s->base, size);
   s->size = s->max_free = size;
@@ -437,12 +461,56 @@ static int dram_submit(void *state, kvt_tier_op *op) {
   return 0;
 }
 
+/* pin=auto|on|off after the size. Returns 0, 1 (auto), 2 (on) via *mode. */
+static int parse_dram_args(kvt_ctx *ctx, const char *args, uint64_t *cap, int *mode) {
+  char size[64];
+  const char *comma = args ? strchr(args, ',') : NULL;
+  const size_t n = comma ? (size_t)(comma - args) : (args ? strlen(args) : 0);
+  *mode = 1;
+  if (n >= sizeof(size))
+    return kvt_fail(ctx, -EINVAL, "dram tier: '%s': size too long", args);
+  memcpy(size, args ? args : "", n);
+  size[n] = 0;
+  if (kvt_parse_size(size, cap) != 0 || *cap == 0)
+    return kvt_fail(ctx, -EINVAL,
+                    "dram tier: capacity '%s' is not a size above zero (e.g. dram:8GiB)", size);
+  if (!comma)
+    return 0;
+  if (!strcmp(comma + 1, "pin=auto"))
+    *mode = 1;
+  else if (!strcmp(comma + 1, "pin=on"))
+    *mode = 2;
+  else if (!strcmp(comma + 1, "pin=off"))
+    *mode = 0;
+  else
+    return kvt_fail(ctx, -EINVAL, "dram tier: option '%s': expected pin=auto, pin=on or pin=off",
+                    comma + 1);
+  return 0;
+}
+
+/* Whether slabs can be pinned here: a page registered and unregistered.
+ * Returns 0 or why not (KVT_ENOTSUP: no CUDA or no device; KVT_ECUDA). */
+static int pin_probe(kvt_ctx *ctx) {
+  void *page = kvt_alloc(ctx, 4096, 4096);
+  if (!page)
+    return -ENOMEM;
+  int r = kvt_gpu_host_register(ctx, page, 4096);
+  if (r == 0)
+    r = kvt_gpu_host_unregister(ctx, page);
+  kvt_dealloc(ctx, page);
+  return r;
+}
+
 static int dram_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
   uint64_t cap = 0;
-  if (kvt_parse_size(args, &cap) != 0 || cap == 0)
-    return kvt_fail(ctx, -EINVAL,
-                    "dram tier: capacity '%s' is not a size above zero (e.g. dram:8GiB)",
-                    args ? args : "");
+  int mode = 1;
+  int rc = parse_dram_args(ctx, args, &cap, &mode);
+  if (rc)
+    return rc;
+  const int pr = mode ? pin_probe(ctx) : KVT_ENOTSUP;
+  if (mode == 2 && pr)
+    return kvt_fail(ctx, pr, "dram tier: pin=on, but host memory cannot be pinned: %s",
+                    kvt_ctx_last_error(ctx)[0] ? kvt_ctx_last_error(ctx) : kvt_strerror(pr));
   dram *d = kvt_alloc(ctx, sizeof(*d), 64);
   if (!d)
     return kvt_fail(ctx, -ENOMEM, "dram tier: allocating its state");
@@ -459,10 +527,13 @@ static int dram_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **stat
   for (unsigned i = 0; i < NPINS; i++)
     d->free_pins[i] = (uint8_t)(NPINS - 1 - i);
   d->n_free_pins = NPINS;
+  d->pin_slabs = mode && pr == 0;
   kvt_logf(ctx, KVT_LOG_INFO,
-           "dram tier: capacity %llu bytes in slabs of %llu allocated on demand; "
-           "memory is not pinned (cudaHostRegister comes with the GPU work, issue 4)",
-           (unsigned long long)cap, (unsigned long long)d->slab_size);
+           "dram tier: capacity %llu bytes in slabs of %llu allocated on demand; %s",
+           (unsigned long long)cap, (unsigned long long)d->slab_size,
+           d->pin_slabs ? "slabs are pinned for the GPU"
+                        : mode ? "slabs are not pinned (no CUDA device)" : "pin=off");
+  kvt_clear_error(ctx);
   *state = d;
   return 0;
 }
@@ -485,6 +556,7 @@ static int dram_stats(void *state, kvt_tier_stats *out) {
   out->capacity = d->capacity;
   out->used = d->used;
   out->items = d->ix.items;
+  out->pinned_bytes = d->pinned_bytes;
   pthread_mutex_unlock(&d->mu);
   out->item_overhead = 0;
   out->granule = GRANULE;

@@ -112,6 +112,16 @@ enum kvt_gpu_mem {
 /* Which of the above p is. Returns 0 or KVT_ECUDA / KVT_ENOTSUP. */
 KVT_API int kvt_gpu_mem_kind(kvt_ctx *ctx, const void *p, int *kind);
 
+/* Page-locks len bytes of host memory at p and maps them into every device
+ * (cudaHostRegister, portable and mapped), so DMA and the load kernel read
+ * them at full speed; kvt_gpu_host_unregister undoes it (before the memory is
+ * freed). The dram tier does this for its slabs. Thread-safe. Returns 0,
+ * -EINVAL, KVT_ENOTSUP (built without CUDA, or no CUDA device: the caller
+ * keeps ordinary memory) or KVT_ECUDA (detail in ctx when ctx is not NULL;
+ * the data path passes NULL). */
+KVT_API int kvt_gpu_host_register(kvt_ctx *ctx, void *p, size_t len);
+KVT_API int kvt_gpu_host_unregister(kvt_ctx *ctx, void *p);
+
 /* A store of one chunk: `tokens` tokens at slots[0..tokens) (a device array
  * of int64 slots, as vLLM's slot_mapping), layers [layer_begin, layer_begin +
  * layer_count) (absolute; within the layout). */

@@ -16,7 +16,11 @@
  * leaves detail in kvt_ctx_last_error(); data-path calls return codes alone.
  *
  * Tiers are opened from a spec string "SCHEME:ARGS":
- *   dram:SIZE                    capacity-bounded host memory, e.g. dram:8GiB
+ *   dram:SIZE[,pin=auto|on|off]  capacity-bounded host memory, e.g. dram:8GiB;
+ *                                its slabs are page-locked for the GPU
+ *                                (cudaHostRegister) when CUDA is built and a
+ *                                device is present (auto); on: fail to open
+ *                                otherwise; off: never (no CUDA call at all)
  *   nvme:DIR:SIZE[,qd=N][,engine=pread]
  *                                one file per payload under DIR, io_uring and
  *                                O_DIRECT (pread/pwrite where io_uring is not
@@ -86,6 +90,7 @@ typedef struct kvt_tier_stats {
    * len rounded up to a multiple of granule (0, 0 when the backend does not
    * say: len itself). The cache plans its evictions with this. */
   uint64_t item_overhead, granule;
+  uint64_t pinned_bytes; /* host memory page-locked for the GPU (dram with CUDA) */
 } kvt_tier_stats;
 
 /* Opens a tier from a spec string (above). *out is written only on success.

@@ -24,7 +24,15 @@
  *   nvme:DIR:SIZE[,qd=N][,engine=pread]
  *                                one file per payload under DIR, io_uring and
  *                                O_DIRECT (pread/pwrite where io_uring is not
- *                                available); survives restart, torn files miss
+ *                                available); survives restart, torn files miss.
+ *                                A PUT completes once its bytes and its name
+ *                                are durable (fdatasync, rename, directory
+ *                                fsync). A GET into a 4096-aligned buffer
+ *                                reads into it directly and may write zero
+ *                                padding after the value, up to the next 4096
+ *                                bytes within its capacity. Deleted files are
+ *                                kept as spares (.free-N, not in `used`) for
+ *                                later PUTs and dropped when room is needed
  *   fault:RULES@SPEC             fault injection around another tier (tests)
  *   trace@SPEC                   logs every operation through the context's log
  * SIZE takes B, KiB, MiB, GiB, TiB (or K, M, G, T, all powers of 1024) and

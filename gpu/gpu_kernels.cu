@@ -901,6 +901,10 @@ extern "C" int kvt_gpurt_host_register(void *p, size_t n) {
   return (int)cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterMapped);
 }
 extern "C" int kvt_gpurt_host_unregister(void *p) { return (int)cudaHostUnregister(p); }
+extern "C" int kvt_gpurt_set_device(int dev) { return (int)cudaSetDevice(dev); }
+extern "C" int kvt_gpurt_copy_default(void *dst, const void *src, size_t n) {
+  return (int)cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+}
 
 extern "C" int kvt_gpurt_malloc(void **p, size_t n) { return (int)cudaMalloc(p, n); }
 extern "C" void kvt_gpurt_free(void *p) { cudaFree(p); }

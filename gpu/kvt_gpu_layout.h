@@ -119,6 +119,9 @@ int kvt_gpurt_device_count(int *n);
  * pageable memory). */
 int kvt_gpurt_pointer(const void *p, int *kind, void **dev);
 int kvt_gpurt_host_register(void *p, size_t n);
+int kvt_gpurt_set_device(int dev);
+/* cudaMemcpy with cudaMemcpyDefault: the direction from the pointers. */
+int kvt_gpurt_copy_default(void *dst, const void *src, size_t n);
 int kvt_gpurt_host_unregister(void *p);
 int kvt_gpurt_malloc(void **p, size_t n);
 int kvt_gpurt_zero(void *p, size_t n);

@@ -505,6 +505,74 @@ static int load(fixture *f, const void *p, size_t len) {
   return rc;
 }
 
+/* The device cache as one host copy (every buffer and layer in order). */
+static uint16_t *engine_download(engine *e) {
+  size_t total = 0;
+  for (int b = 0; b < e->nbuf; b++)
+    total += e->elems[b] * e->layers;
+  uint16_t *all = malloc(total * 2), *at = all;
+  for (int b = 0; b < e->nbuf; b++)
+    for (uint32_t l = 0; l < e->layers; l++, at += e->elems[b])
+      CUDA_OK(cudaMemcpy(at, e->dev[b][l], e->elems[b] * 2, cudaMemcpyDeviceToHost));
+  return all;
+}
+
+static size_t engine_bytes(const engine *e) {
+  size_t total = 0;
+  for (int b = 0; b < e->nbuf; b++)
+    total += e->elems[b] * e->layers * 2;
+  return total;
+}
+
+/* Loads lent by memory tiers: an hbm tier lends device memory, a pinned dram
+ * tier page-locked host memory; the load kernel reads either in place and
+ * writes the same cache as a load from the original pinned payload. */
+static void test_gpu_load_from_memory_tier_loans_in_place(void **state) {
+  (void)state;
+  const shape s = {2, 40, 2, 64};
+  fixture f;
+  fixture_make(&f, "k16v8", &s);
+  assert_int_equal(load(&f, f.pay, f.len), 0);
+  uint16_t *want = engine_download(&f.e);
+  const char *specs[] = {"hbm:0:64MiB", "dram:64MiB,pin=on"};
+  const int kinds[] = {KVT_GPU_MEM_DEVICE, KVT_GPU_MEM_PINNED};
+  for (int i = 0; i < 2; i++) {
+    engine_upload(&f.e); /* back to the values before any load */
+    kvt_tier *t = NULL;
+    assert_int_equal(kvt_tier_open(ctx, specs[i], &t), 0);
+    kvt_key k = {{0x42, (uint8_t)i}};
+    assert_int_equal(kvt_tier_put(t, &k, f.pay, f.len), 0);
+    kvt_tier_loan loan;
+    assert_int_equal(kvt_tier_borrow(t, &k, &loan), 0);
+    assert_int_equal(loan.len, f.len);
+    int kind = -1;
+    assert_int_equal(kvt_gpu_mem_kind(ctx, loan.data, &kind), 0);
+    assert_int_equal(kind, kinds[i]);
+    /* Deleted while lent: the bytes stay until returned. */
+    assert_int_equal(kvt_tier_del(t, &k), 0);
+    assert_int_equal(load(&f, loan.data, loan.len), 0);
+    uint16_t *got = engine_download(&f.e);
+    assert_memory_equal(got, want, engine_bytes(&f.e));
+    free(got);
+    kvt_tier_return(t, &loan);
+    assert_int_equal(kvt_tier_borrow(t, &k, &loan), KVT_ENOTFOUND);
+    /* A GET copies device memory back out unchanged. */
+    assert_int_equal(kvt_tier_put(t, &k, f.pay, f.len), 0);
+    uint8_t *back = malloc(f.len);
+    uint64_t len = 0;
+    assert_int_equal(kvt_tier_get(t, &k, back, f.len, &len), 0);
+    assert_int_equal(len, f.len);
+    assert_memory_equal(back, f.pay, f.len);
+    free(back);
+    kvt_tier_close(t);
+  }
+  kvt_tier *t = NULL;
+  assert_int_equal(kvt_tier_open(ctx, "hbm:999:1GiB", &t), KVT_ENOTSUP);
+  assert_int_equal(kvt_tier_open(ctx, "hbm:1GiB", &t), -EINVAL);
+  free(want);
+  fixture_free(&f);
+}
+
 static void test_gpu_load_rejects_bad_payloads(void **state) {
   (void)state;
   const shape s = {2, 40, 2, 64};
@@ -752,6 +820,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_store_and_load_match_cpu_codec_every_preset_and_layout),
       cmocka_unit_test(test_gpu_store_and_load_match_cpu_codec_odd_shapes),
       cmocka_unit_test(test_gpu_load_rejects_bad_payloads),
+      cmocka_unit_test(test_gpu_load_from_memory_tier_loans_in_place),
       cmocka_unit_test(test_gpu_load_refuses_other_shapes_and_lossless_sections),
       cmocka_unit_test(test_gpu_store_refuses_nonfinite_and_out_of_range),
       cmocka_unit_test(test_gpu_golden_payloads_load_and_store_bit_exact),

@@ -76,7 +76,8 @@ static int held_submit(void *state, kvt_tier_op *op) {
 static void test_tier_wait_times_out_and_can_wait_again(void **state) {
   (void)state;
   static const kvt_tier_backend held = {KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "held",
-                                        held_open, held_close, held_submit, NULL, NULL, NULL};
+                                        held_open, held_close, held_submit, NULL, NULL, NULL,
+                                        NULL, NULL};
   kvt_tier *t;
   assert_int_equal(kvt_tier_open_backend(ctx, &held, "", &t), 0);
   kvt_key k = {{9}};
@@ -89,10 +90,28 @@ static void test_tier_wait_times_out_and_can_wait_again(void **state) {
   assert_int_equal(kvt_tier_wait(t, &q, 30), -ETIMEDOUT);
   q.result = KVT_ENOTFOUND;
   kvt_tier_complete(held_tier, &q);
+  kvt_tier_loan loan;
+  assert_int_equal(kvt_tier_borrow(t, &k, &loan), KVT_ENOTSUP); /* no borrow member */
   assert_int_equal(kvt_tier_wait(t, &q, 0), KVT_ENOTFOUND);
   assert_int_equal(kvt_tier_wait(t, &q, -1), KVT_ENOTFOUND);
   assert_int_equal(kvt_tier_wait(NULL, &q, 0), -EINVAL);
   kvt_tier_close(t);
+}
+
+/* A table built against 0.1's header (it ends before borrow) still opens. */
+static void test_tier_backend_table_of_an_older_size_opens(void **state) {
+  (void)state;
+  kvt_tier_backend old = {KVT_TIER_ABI_VERSION, 0, "old", held_open, held_close, held_submit,
+                          NULL, NULL, NULL, NULL, NULL};
+  old.struct_size = (uint32_t)offsetof(kvt_tier_backend, borrow);
+  kvt_tier *t = NULL;
+  assert_int_equal(kvt_tier_open_backend(ctx, &old, "", &t), 0);
+  kvt_key k = {{1}};
+  kvt_tier_loan loan;
+  assert_int_equal(kvt_tier_borrow(t, &k, &loan), KVT_ENOTSUP);
+  kvt_tier_close(t);
+  old.struct_size = 8; /* too short to hold even the required members */
+  assert_int_equal(kvt_tier_open_backend(ctx, &old, "", &t), -EINVAL);
 }
 
 int main(void) {
@@ -100,6 +119,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_tier_owned_ops_complete_to_their_waiter_only, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_tier_wait_times_out_and_can_wait_again, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_tier_backend_table_of_an_older_size_opens, setup,
                                       teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

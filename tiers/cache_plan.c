@@ -18,6 +18,8 @@ static const char *default_link(const char *spec) {
       break;
     s = at + 1;
   }
+  if (!strncmp(s, "hbm:", 4))
+    return "hbm3-h100"; /* already on the GPU: the load kernel reads HBM */
   if (!strncmp(s, "dram:", 5))
     return "pcie5-x16";
   if (!strncmp(s, "nvme:", 5))

@@ -4,6 +4,7 @@
  * counters every tier reports the same way. Backends only store bytes. */
 #include <ctype.h>
 #include <errno.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,9 @@ struct kvt_tier {
 
 static const kvt_tier_backend *const registry[] = {
     &kvt_tier_backend_dram,
+#ifdef KVT_HAVE_CUDA
+    &kvt_tier_backend_hbm,
+#endif
     &kvt_tier_backend_nvme,
     &kvt_tier_backend_fault,
     &kvt_tier_backend_trace,
@@ -82,7 +86,8 @@ int kvt_parse_size(const char *text, uint64_t *out) {
 
 static int tier_create(kvt_ctx *ctx, const kvt_tier_backend *be, const char *spec,
                        const char *args, kvt_tier **out) {
-  if (be->abi_version != KVT_TIER_ABI_VERSION || be->struct_size < sizeof(kvt_tier_backend) ||
+  if (be->abi_version != KVT_TIER_ABI_VERSION ||
+      be->struct_size < offsetof(kvt_tier_backend, borrow) || /* 0.1 tables end there */
       !be->open || !be->close || !be->submit)
     return kvt_fail(ctx, -EINVAL, "tier backend '%s': ABI %u, size %u, or a required member missing",
                     be->scheme ? be->scheme : "?", be->abi_version, be->struct_size);
@@ -450,4 +455,31 @@ int kvt_tier_list(kvt_tier *t, kvt_tier_list_fn fn, void *opaque) {
   if (!t->be->list)
     return KVT_ENOTSUP;
   return t->be->list(t->state, fn, opaque);
+}
+
+/* Members appended after 0.1 exist only in tables that are long enough. */
+#define HAS_MEMBER(be, m) \
+  ((be)->struct_size >= offsetof(kvt_tier_backend, m) + sizeof((be)->m) && (be)->m)
+
+int kvt_tier_borrow(kvt_tier *t, const kvt_key *key, kvt_tier_loan *loan) {
+  if (!t || !key || !loan)
+    return -EINVAL;
+  loan->data = NULL;
+  loan->len = 0;
+  loan->internal = NULL;
+  if (!HAS_MEMBER(t->be, borrow) || !HAS_MEMBER(t->be, unborrow))
+    return KVT_ENOTSUP;
+  const int rc = t->be->borrow(t->state, key, loan);
+  pthread_mutex_lock(&t->mu); /* counted as a GET */
+  t->n.gets++;
+  t->n.hits += rc == 0;
+  t->n.misses += rc == KVT_ENOTFOUND;
+  t->n.bytes_out += rc == 0 ? loan->len : 0;
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+void kvt_tier_return(kvt_tier *t, kvt_tier_loan *loan) {
+  if (t && loan && HAS_MEMBER(t->be, unborrow))
+    t->be->unborrow(t->state, loan);
 }

@@ -24,6 +24,7 @@
  * that fails to pin stays ordinary memory, with a warning. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "kvtier/gpu.h"
 #include "tier_index.h"
@@ -98,10 +99,56 @@ typedef struct dram {
   pin pins[NPINS];
   uint8_t free_pins[NPINS];
   unsigned n_free_pins;
+  int hbm;               /* the hbm tier: slabs are device memory on device `dev` */
+  int dev;
   int pin_slabs;         /* register new slabs with CUDA */
   int pin_warned;        /* a registration failed once: said so */
   uint64_t pinned_bytes; /* slab bytes registered */
 } dram;
+
+/* ---- memory: host, or device for the hbm tier ---------------------------------- */
+
+#ifdef KVT_HAVE_CUDA
+#include "kvt_gpu_layout.h" /* kvt_gpurt_*: the CUDA runtime, behind C wrappers */
+#endif
+
+static void *mem_alloc_device(dram *d, uint64_t size) {
+#ifdef KVT_HAVE_CUDA
+  void *p = NULL;
+  if (kvt_gpurt_set_device(d->dev) || kvt_gpurt_malloc(&p, (size_t)size))
+    return NULL;
+  return p;
+#else
+  (void)d, (void)size;
+  return NULL;
+#endif
+}
+
+static void mem_free_device(dram *d, void *p) {
+#ifdef KVT_HAVE_CUDA
+  if (p && !kvt_gpurt_set_device(d->dev))
+    kvt_gpurt_free(p);
+#else
+  (void)d, (void)p;
+#endif
+}
+
+/* Copies len bytes: memcpy for host slabs; for device slabs a CUDA copy
+ * whose direction comes from the pointers (unified addressing), so callers
+ * may pass host or device buffers. Returns 0 or -EIO (a CUDA error). */
+static int mem_copy(dram *d, void *dst, const void *src, uint64_t len) {
+  if (!len)
+    return 0;
+  if (!d->hbm) {
+    memcpy(dst, src, (size_t)len);
+    return 0;
+  }
+#ifdef KVT_HAVE_CUDA
+  return kvt_gpurt_set_device(d->dev) || kvt_gpurt_copy_default(dst, src, (size_t)len) ? -EIO : 0;
+#else
+  return -EIO;
+#endif
+}
 
 /* ---- slab allocator --------------------------------------------------------- */
 
@@ -129,8 +176,12 @@ static void slab_release(dram *d, slab *s) {
     kvt_gpu_host_unregister(NULL, s->base);
     d->pinned_bytes -= s->size;
   }
-  UNPOISON(s->base, s->size);
-  kvt_dealloc(d->ctx, s->base);
+  if (d->hbm) {
+    mem_free_device(d, s->base);
+  } else {
+    UNPOISON(s->base, s->size);
+    kvt_dealloc(d->ctx, s->base);
+  }
   kvt_dealloc(d->ctx, s->ext);
   d->slab_bytes -= s->size;
   memset(s, 0, sizeof(*s));
@@ -182,9 +233,12 @@ static int slab_add(dram *d, uint64_t need, uint32_t *out) {
   if (rc)
     return rc;
   slab *s = &d->slabs[i];
-  s->base = kvt_alloc(d->ctx, (size_t)size, SLAB_ALIGN);
+  s->base = d->hbm ? mem_alloc_device(d, size) : kvt_alloc(d->ctx, (size_t)size, SLAB_ALIGN);
   if (!s->base || ext_reserve(d, s, 2) != 0) {
-    kvt_dealloc(d->ctx, s->base);
+    if (d->hbm)
+      mem_free_device(d, s->base);
+    else
+      kvt_dealloc(d->ctx, s->base);
     kvt_dealloc(d->ctx, s->ext);
     memset(s, 0, sizeof(*s));
     return -ENOMEM;
@@ -201,7 +255,8 @@ static int slab_add(dram *d, uint64_t need, uint32_t *out) {
                (unsigned long long)size, kvt_strerror(pr));
     }
   }
-  POISON(s->base, size);
+  if (!d->hbm)
+    POISON(s->base, size);
   s->size = s->max_free = size;
   s->ext[0] = (extent){0, size};
   s->n_ext = 1;
@@ -264,7 +319,8 @@ static int block_alloc(dram *d, uint64_t need, uint32_t *si, uint64_t *off) {
 
 static void block_free(dram *d, uint32_t si, uint64_t off, uint64_t size) {
   slab *s = &d->slabs[si];
-  POISON(s->base + off, size);
+  if (!d->hbm)
+    POISON(s->base + off, size);
   uint64_t lo = 0, hi = s->n_ext; /* first extent above off */
   while (lo < hi) {
     const uint64_t mid = lo + (hi - lo) / 2;
@@ -365,16 +421,23 @@ static int op_put(dram *d, const kvt_tier_op *op) {
   }
   if (size) {
     dst = d->slabs[si].base + off; /* read under the lock: the slab array may move */
-    UNPOISON(dst, len);
+    if (!d->hbm)
+      UNPOISON(dst, len);
   }
   d->pending++;
   pthread_mutex_unlock(&d->mu);
 
   if (len)
-    memcpy(dst, op->buf, (size_t)len); /* the block is private until published */
+    rc = mem_copy(d, dst, op->buf, len); /* the block is private until published */
 
   pthread_mutex_lock(&d->mu);
   d->pending--;
+  if (rc) { /* the copy failed (hbm: a CUDA error): the block goes back */
+    if (size)
+      block_free(d, si, off, size);
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+  }
   int fresh;
   entry *e = kvt_index_upsert(&d->ix, &op->key, &fresh);
   if (!fresh)
@@ -403,16 +466,16 @@ static int op_get(dram *d, kvt_tier_op *op) {
   const uint8_t *src = d->slabs[e->slab].base + e->off;
   const int p = pin_take(d, e);
   if (p < 0) { /* more concurrent readers than pin records: rare, stay correct */
-    memcpy(op->buf, src, (size_t)len);
+    const int rc = mem_copy(d, op->buf, src, len);
     pthread_mutex_unlock(&d->mu);
-    return 0;
+    return rc;
   }
   pthread_mutex_unlock(&d->mu);
-  memcpy(op->buf, src, (size_t)len);
+  const int rc = mem_copy(d, op->buf, src, len);
   pthread_mutex_lock(&d->mu);
   pin_drop(d, p);
   pthread_mutex_unlock(&d->mu);
-  return 0;
+  return rc;
 }
 
 static int op_del(dram *d, const kvt_tier_op *op) {
@@ -501,6 +564,26 @@ static int pin_probe(kvt_ctx *ctx) {
   return r;
 }
 
+static dram *dram_new(kvt_ctx *ctx, kvt_tier *tier, uint64_t cap) {
+  dram *d = kvt_alloc(ctx, sizeof(*d), 64);
+  if (!d)
+    return NULL;
+  memset(d, 0, sizeof(*d));
+  if (pthread_mutex_init(&d->mu, NULL) != 0) {
+    kvt_dealloc(ctx, d);
+    return NULL;
+  }
+  d->ctx = ctx;
+  d->tier = tier;
+  kvt_index_init(&d->ix, ctx);
+  d->capacity = cap;
+  d->slab_size = (cap < SLAB_MAX ? cap : SLAB_MAX) & ~(uint64_t)(GRANULE - 1);
+  for (unsigned i = 0; i < NPINS; i++)
+    d->free_pins[i] = (uint8_t)(NPINS - 1 - i);
+  d->n_free_pins = NPINS;
+  return d;
+}
+
 static int dram_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
   uint64_t cap = 0;
   int mode = 1;
@@ -511,22 +594,9 @@ static int dram_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **stat
   if (mode == 2 && pr)
     return kvt_fail(ctx, pr, "dram tier: pin=on, but host memory cannot be pinned: %s",
                     kvt_ctx_last_error(ctx)[0] ? kvt_ctx_last_error(ctx) : kvt_strerror(pr));
-  dram *d = kvt_alloc(ctx, sizeof(*d), 64);
+  dram *d = dram_new(ctx, tier, cap);
   if (!d)
     return kvt_fail(ctx, -ENOMEM, "dram tier: allocating its state");
-  memset(d, 0, sizeof(*d));
-  if (pthread_mutex_init(&d->mu, NULL) != 0) {
-    kvt_dealloc(ctx, d);
-    return kvt_fail(ctx, -ENOMEM, "dram tier: creating its mutex");
-  }
-  d->ctx = ctx;
-  d->tier = tier;
-  kvt_index_init(&d->ix, ctx);
-  d->capacity = cap;
-  d->slab_size = (cap < SLAB_MAX ? cap : SLAB_MAX) & ~(uint64_t)(GRANULE - 1);
-  for (unsigned i = 0; i < NPINS; i++)
-    d->free_pins[i] = (uint8_t)(NPINS - 1 - i);
-  d->n_free_pins = NPINS;
   d->pin_slabs = mode && pr == 0;
   kvt_logf(ctx, KVT_LOG_INFO,
            "dram tier: capacity %llu bytes in slabs of %llu allocated on demand; %s",
@@ -537,6 +607,35 @@ static int dram_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **stat
   *state = d;
   return 0;
 }
+
+#ifdef KVT_HAVE_CUDA
+/* hbm:DEV:SIZE - the same allocator over device memory of CUDA device DEV. */
+static int hbm_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
+  char *end = NULL;
+  const char *colon = args ? strchr(args, ':') : NULL;
+  const long dev = colon ? strtol(args, &end, 10) : -1;
+  uint64_t cap = 0;
+  if (!colon || end != colon || dev < 0 || dev > 1023 || kvt_parse_size(colon + 1, &cap) != 0 ||
+      cap == 0)
+    return kvt_fail(ctx, -EINVAL,
+                    "hbm tier: '%s': expected DEV:SIZE, e.g. hbm:0:20GiB (CUDA device, capacity)",
+                    args ? args : "");
+  int n = 0;
+  if (kvt_gpurt_device_count(&n) || dev >= n)
+    return kvt_fail(ctx, KVT_ENOTSUP, "hbm tier: no CUDA device %ld (%d present)", dev, n);
+  dram *d = dram_new(ctx, tier, cap);
+  if (!d)
+    return kvt_fail(ctx, -ENOMEM, "hbm tier: allocating its state");
+  d->hbm = 1;
+  d->dev = (int)dev;
+  /* Device slabs of up to 256 MiB: fewer cudaMalloc calls, all freed on close. */
+  d->slab_size = (cap < 4 * SLAB_MAX ? cap : 4 * SLAB_MAX) & ~(uint64_t)(GRANULE - 1);
+  kvt_logf(ctx, KVT_LOG_INFO, "hbm tier: %llu bytes of device %d in slabs of %llu",
+           (unsigned long long)cap, d->dev, (unsigned long long)d->slab_size);
+  *state = d;
+  return 0;
+}
+#endif
 
 static void dram_close(void *state) {
   dram *d = state;
@@ -585,7 +684,50 @@ static int dram_list(void *state, kvt_tier_list_fn fn, void *opaque) {
   return rc;
 }
 
+/* Lends e's bytes in place: the block is pinned (not freed, moved or
+ * replaced) until returned, as for a GET's copy. */
+static int dram_borrow(void *state, const kvt_key *key, kvt_tier_loan *loan) {
+  dram *d = state;
+  pthread_mutex_lock(&d->mu);
+  entry *e = kvt_index_find(&d->ix, key);
+  if (!e) {
+    pthread_mutex_unlock(&d->mu);
+    return KVT_ENOTFOUND;
+  }
+  loan->len = e->len;
+  loan->data = NULL;
+  loan->internal = NULL;
+  if (e->slab != NO_SLAB) {
+    const int p = pin_take(d, e);
+    if (p < 0) {
+      pthread_mutex_unlock(&d->mu);
+      return -EAGAIN;
+    }
+    loan->data = d->slabs[e->slab].base + e->off;
+    loan->internal = (void *)(uintptr_t)(p + 1);
+  }
+  pthread_mutex_unlock(&d->mu);
+  return 0;
+}
+
+static void dram_unborrow(void *state, kvt_tier_loan *loan) {
+  dram *d = state;
+  if (!loan->internal)
+    return;
+  pthread_mutex_lock(&d->mu);
+  pin_drop(d, (int)((uintptr_t)loan->internal - 1));
+  pthread_mutex_unlock(&d->mu);
+  loan->internal = NULL;
+}
+
 const kvt_tier_backend kvt_tier_backend_dram = {
     KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "dram", dram_open, dram_close, dram_submit,
-    NULL, dram_stats, dram_list,
+    NULL, dram_stats, dram_list, dram_borrow, dram_unborrow,
 };
+
+#ifdef KVT_HAVE_CUDA
+const kvt_tier_backend kvt_tier_backend_hbm = {
+    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "hbm", hbm_open, dram_close, dram_submit,
+    NULL, dram_stats, dram_list, dram_borrow, dram_unborrow,
+};
+#endif

@@ -7,6 +7,9 @@
 #include "kvtier/tier.h"
 
 extern const kvt_tier_backend kvt_tier_backend_dram;  /* tiers/tier_dram.c */
+#ifdef KVT_HAVE_CUDA
+extern const kvt_tier_backend kvt_tier_backend_hbm;   /* tiers/tier_dram.c, device memory */
+#endif
 extern const kvt_tier_backend kvt_tier_backend_nvme;  /* tiers/tier_nvme.c */
 extern const kvt_tier_backend kvt_tier_backend_fault; /* tiers/tier_fault.c */
 extern const kvt_tier_backend kvt_tier_backend_trace; /* tiers/tier_trace.c */

@@ -36,8 +36,11 @@
  *   fault:RULES@SPEC             fault injection around another tier (tests)
  *   trace@SPEC                   logs every operation through the context's log
  * SIZE takes B, KiB, MiB, GiB, TiB (or K, M, G, T, all powers of 1024) and
- * KB, MB, GB, TB (powers of 1000). Later releases add hbm:, redis:// and
- * fabric://. */
+ * KB, MB, GB, TB (powers of 1000). Later releases add redis:// and
+ * fabric://. With CUDA built:
+ *   hbm:DEV:SIZE                 device memory of CUDA device DEV, e.g.
+ *                                hbm:0:20GiB: payloads kept compressed on the
+ *                                GPU; kvt_tier_borrow lends them in place */
 #ifndef KVTIER_TIER_H
 #define KVTIER_TIER_H
 
@@ -155,6 +158,25 @@ KVT_API int kvt_tier_stats_get(kvt_tier *tier, kvt_tier_stats *out);
 typedef int (*kvt_tier_list_fn)(void *opaque, const kvt_key *key, uint64_t len);
 KVT_API int kvt_tier_list(kvt_tier *tier, kvt_tier_list_fn fn, void *opaque);
 
+/* Zero-copy reads from tiers that hold payloads in memory (dram, hbm): the
+ * payload's own bytes, held in place (not freed, moved or replaced) until
+ * kvt_tier_return(). From a dram tier the bytes are host memory, page-locked
+ * and mapped for the GPU when the tier pins its slabs; from an hbm tier they
+ * are device memory. kvt_gpu_load() reads either directly, so a load from a
+ * memory tier needs no staging copy. Every loan must be returned before the
+ * tier is closed. Thread-safe. */
+typedef struct kvt_tier_loan {
+  const void *data; /* the payload (NULL for an empty value) */
+  uint64_t len;
+  void *internal;   /* library-owned */
+} kvt_tier_loan;
+
+/* Returns 0, KVT_ENOTFOUND, KVT_ENOTSUP (the tier cannot lend: nvme, or a
+ * decorator), -EAGAIN (too many loans out at once: return some, or copy with
+ * kvt_tier_get) or -EINVAL. */
+KVT_API int kvt_tier_borrow(kvt_tier *tier, const kvt_key *key, kvt_tier_loan *loan);
+KVT_API void kvt_tier_return(kvt_tier *tier, kvt_tier_loan *loan);
+
 /* Parses a size with a unit ("8GiB", "512MB", "4096"). Returns 0 or -EINVAL. */
 KVT_API int kvt_parse_size(const char *text, uint64_t *out);
 
@@ -185,6 +207,10 @@ typedef struct kvt_tier_backend {
   int (*stats)(void *state, kvt_tier_stats *out);
   /* Optional: as kvt_tier_list. */
   int (*list)(void *state, kvt_tier_list_fn fn, void *opaque);
+  /* Optional, appended in 0.2 (a table whose struct_size ends before them
+   * has neither): as kvt_tier_borrow / kvt_tier_return. */
+  int (*borrow)(void *state, const kvt_key *key, kvt_tier_loan *loan);
+  void (*unborrow)(void *state, kvt_tier_loan *loan);
 } kvt_tier_backend;
 
 /* Backends call this exactly once per accepted operation, with op->result

@@ -259,6 +259,8 @@ int demo_cache_run(const demo_cache_in *in, demo_cache_result *r) {
           CLI_EFAIL);
   else if (open_cache(&d) == 0)
     rc = exercise(&d, cap);
+  if (rc == 0 && r->ran)
+    rc = demo_gpu_run(in, d.payloads, d.lens, r->chunks, &r->gpu);
   kvt_cache_close(d.cache);
   if (d.dir[0])
     nftw(d.dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
@@ -307,11 +309,21 @@ void demo_cache_print_text(const demo_cache_result *r) {
     printf("       %-44.44s %8" PRIu64 " %8.1f %9" PRIu64 " %9" PRIu64 " %9.2f\n", r->t[t].spec,
            r->t[t].items, (double)r->t[t].used / 1048576.0, r->t[t].demotions,
            r->t[t].promotions, gbps(&r->t[t]));
-  printf("       all %u chunks read back byte-identical. The head of the context stays in\n"
-         "       DRAM and its tail goes to NVMe: a chunk is useless without the ones before it.\n"
-         "       Read GB/s: one thread, 8 payloads in flight (kvt_cache_get_many); information,\n"
-         "       not a benchmark: 'kvtier bench tier'.\n",
-         r->verified);
+  const demo_gpu_result *g = &r->gpu;
+  if (g->ran)
+    printf("       GPU (%s): kvt_gpu_load put the %u chunks into a vLLM paged cache at\n"
+           "       %.1f GB/s of payload (%.1f GB/s of restored 16-bit KV, kernel time); every\n"
+           "       element equals the CPU decode of the same payload.\n",
+           g->device, g->verified, g->load_s > 0 ? (double)g->payload_bytes / g->load_s / 1e9 : 0,
+           g->load_s > 0 ? (double)g->kv_bytes / g->load_s / 1e9 : 0);
+  else
+    printf("       GPU load: skipped (%s).\n", g->why);
+  printf("       all %u chunks read back byte-identical.", r->verified);
+  if (r->nranges > 1 && r->r_tier[0] == 0)
+    printf(" The head of the context stays in\n"
+           "       DRAM and its tail goes to NVMe: a chunk is useless without the ones before it.");
+  printf("\n       Read GB/s: one thread, 8 payloads in flight (kvt_cache_get_many); information,\n"
+         "       not a benchmark: 'kvtier bench tier'.\n");
 }
 
 void demo_cache_print_json(const demo_cache_result *r) {
@@ -330,7 +342,15 @@ void demo_cache_print_json(const demo_cache_result *r) {
   for (uint32_t i = 0; i < r->nranges; i++)
     printf("%s{\"first\": %u, \"last\": %u, \"tier\": %d}", i ? ", " : "", r->r_first[i],
            r->r_last[i], r->r_tier[i]);
-  printf("],\n   \"plan\": {\"restore_s\": %.6f, \"recompute_s\": %.6f, \"restore_pays\": %s, "
+  const demo_gpu_result *g = &r->gpu;
+  printf("],\n   \"gpu\": {\"ran\": %s, \"device\": ", g->ran ? "true" : "false");
+  cli_json_str(stdout, g->ran ? g->device : "");
+  printf(", \"why\": ");
+  cli_json_str(stdout, g->ran ? "" : g->why);
+  printf(", \"verified_chunks\": %u, \"load_s\": %.6f, \"payload_bytes\": %" PRIu64
+         ", \"kv_bytes\": %" PRIu64 "}",
+         g->verified, g->load_s, g->payload_bytes, g->kv_bytes);
+  printf(",\n   \"plan\": {\"restore_s\": %.6f, \"recompute_s\": %.6f, \"restore_pays\": %s, "
          "\"link_GBps\": [%.1f, %.1f]}",
          r->plan.restore_s, r->plan.recompute_s, r->plan.restore_pays ? "true" : "false",
          r->plan.link_GBps[0], r->plan.link_GBps[1]);

@@ -24,6 +24,17 @@ typedef struct demo_cache_tier {
   double read_s;
 } demo_cache_tier;
 
+/* The GPU part (cli_demo_gpu.c). */
+typedef struct demo_gpu_result {
+  int ran;                /* 0: skipped or failed; see why */
+  int mismatch;           /* the kernel wrote something other than the CPU decode */
+  char why[300];
+  char device[128];
+  uint64_t payload_bytes, kv_bytes;
+  double load_s;          /* kernel time, CUDA events */
+  uint32_t verified;      /* chunks whose every element equals the CPU decode */
+} demo_gpu_result;
+
 typedef struct demo_cache_result {
   int ran;                 /* 0: skipped (no room for the nvme tier, ...); see why */
   char why[300];
@@ -39,6 +50,7 @@ typedef struct demo_cache_result {
   int r_tier[DEMO_CACHE_RANGES];
   uint32_t verified;       /* chunks read back byte-identical to what was put */
   kvt_cache_plan plan;     /* restore vs recompute of the cached prefix */
+  demo_gpu_result gpu;
   int plan_model;          /* 1: recompute estimated with the llama-3.1-8b preset */
 } demo_cache_result;
 
@@ -46,6 +58,11 @@ typedef struct demo_cache_result {
  * machine where it cannot run (no writable directory) gives 0 with
  * out->ran = 0 and out->why. */
 int demo_cache_run(const demo_cache_in *in, demo_cache_result *out);
+/* Loads payloads[0..chunks) into a paged cache on the GPU and checks them
+ * against the CPU decode. Returns 0 (out->ran says whether it ran) or
+ * CLI_EFAIL when the GPU wrote something other than the CPU decode. */
+int demo_gpu_run(const demo_cache_in *in, uint8_t *const *payloads, const uint64_t *lens,
+                 uint32_t chunks, demo_gpu_result *out);
 void demo_cache_print_text(const demo_cache_result *r);
 /* Prints `,\n "cache": {...}` for the demo's JSON document. */
 void demo_cache_print_json(const demo_cache_result *r);

@@ -10,47 +10,8 @@
 #include <cmocka.h>
 #include <time.h>
 
+#define CACHE_TEST_FIXTURE
 #include "cache_test_util.h"
-
-static cache_fx *fx;
-static uint64_t plen;    /* length of every test payload (same shape) */
-static uint64_t pcost;   /* what one takes in a dram tier (256-byte granules) */
-static long live_base;   /* allocations outstanding after setup (the context) */
-
-static int setup(void **state) {
-  (void)state;
-  fx = cache_fx_new();
-  if (!fx)
-    return -1;
-  kvt_key k = {{1}};
-  uint8_t *p = payload_of(fx->ctx, &fx->fp, &k, CT_TOKENS, &plen);
-  free(p);
-  pcost = (plen + 255) / 256 * 256;
-  live_base = atomic_load(&fx->live);
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  assert_int_equal(atomic_load(&fx->live), live_base);
-  cache_fx_free(fx);
-  fx = NULL;
-  return 0;
-}
-
-static kvt_cache *open_cache(const char *tiers, uint32_t flags, const kvt_key *fp) {
-  kvt_cache_config cfg = KVT_CACHE_CONFIG_INIT;
-  cfg.tiers = tiers;
-  cfg.fingerprint = fp;
-  cfg.chunk_tokens = CT_TOKENS;
-  cfg.flags = flags;
-  kvt_cache *c = NULL;
-  int r = kvt_cache_open(fx->ctx, &cfg, &c);
-  if (r)
-    print_error("open %s: %s (%s)\n", tiers, kvt_strerror(r), kvt_ctx_last_error(fx->ctx));
-  assert_int_equal(r, 0);
-  return c;
-}
 
 /* "dram:N" holding n test payloads. */
 static const char *dram_for(char *buf, size_t cap, int n) {
@@ -80,14 +41,6 @@ static int get_check(kvt_cache *c, const kvt_key *key) {
   free(buf);
   free(want);
   return tier;
-}
-
-static kvt_cache_stats stats(kvt_cache *c, int t) {
-  kvt_cache_stats s;
-  memset(&s, 0, sizeof(s));
-  s.struct_size = sizeof(s);
-  assert_int_equal(kvt_cache_stats_get(c, t, &s), 0);
-  return s;
 }
 
 static void test_cache_put_get_round_trip(void **state) {

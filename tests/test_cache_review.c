@@ -13,60 +13,13 @@
 
 #include <cmocka.h>
 
+#define CACHE_TEST_FIXTURE
 #include "cache_test_util.h"
-
-static cache_fx *fx;
-static uint64_t plen;  /* length of every CT_TOKENS test payload */
-static uint64_t pcost; /* what one takes in a dram tier (256-byte granules) */
-static long live_base;
-
-static int setup(void **state) {
-  (void)state;
-  fx = cache_fx_new();
-  if (!fx)
-    return -1;
-  kvt_key k = {{1}};
-  uint8_t *p = payload_of(fx->ctx, &fx->fp, &k, CT_TOKENS, &plen);
-  free(p);
-  pcost = (plen + 255) / 256 * 256;
-  live_base = atomic_load(&fx->live);
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  assert_int_equal(atomic_load(&fx->live), live_base);
-  cache_fx_free(fx);
-  fx = NULL;
-  return 0;
-}
-
-static kvt_cache *open_cache(const char *tiers, uint32_t flags, const kvt_key *fp) {
-  kvt_cache_config cfg = KVT_CACHE_CONFIG_INIT;
-  cfg.tiers = tiers;
-  cfg.fingerprint = fp;
-  cfg.chunk_tokens = CT_TOKENS;
-  cfg.flags = flags;
-  kvt_cache *c = NULL;
-  int r = kvt_cache_open(fx->ctx, &cfg, &c);
-  if (r)
-    print_error("open %s: %s (%s)\n", tiers, kvt_strerror(r), kvt_ctx_last_error(fx->ctx));
-  assert_int_equal(r, 0);
-  return c;
-}
 
 static void sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) != 0)
     ;
-}
-
-static kvt_cache_stats stats(kvt_cache *c, int t) {
-  kvt_cache_stats s;
-  memset(&s, 0, sizeof(s));
-  s.struct_size = sizeof(s);
-  assert_int_equal(kvt_cache_stats_get(c, t, &s), 0);
-  return s;
 }
 
 static kvt_tier_stats tier_stats(kvt_cache *c, int t) {

@@ -39,6 +39,7 @@ static const char store_help[] =
     "                           misses and are removed when found.\n"
     "  dram:SIZE                host memory: works, but is empty at every start,\n"
     "                           so it only makes sense for trying the commands\n"
+    "  hbm:DEV:SIZE             GPU memory (CUDA builds): empty at every start too\n"
     "  fault:RULES@SPEC, trace@SPEC  decorators (tests, tracing)\n"
     "  SIZE takes B, KiB, MiB, GiB, TiB (or K, M, G, T) and KB, MB, GB, TB.\n"
     "  Examples: kvtier store --tiers nvme:/var/lib/kvtier:100GiB ls\n"

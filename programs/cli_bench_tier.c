@@ -483,6 +483,10 @@ int cli_bench_tier_main(int argc, char **argv) {
     return rc;
   /* The innermost tier of decorators ("trace@nvme:..."): its scheme and DIR. */
   const char *base = strrchr(b.spec, '@') ? strrchr(b.spec, '@') + 1 : b.spec;
+  if (strncmp(base, "hbm:", 4) == 0)
+    return cli_usage_error("bench tier", "'%s': device memory has no host baseline here; "
+                           "'kvtier bench gpu' measures loads from HBM against cudaMemcpy",
+                           b.spec);
   if (strncmp(base, "nvme:", 5) == 0) {
     b.nvme = 1;
     const char *last = strrchr(base + 5, ':');

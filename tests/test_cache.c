@@ -597,6 +597,64 @@ static void test_cache_plan_restore_uses_the_bandwidth_model(void **state) {
   assert_int_equal(kvt_cache_open(fx->ctx, &cfg, &c), -EINVAL);
 }
 
+static void test_cache_borrow_lends_from_memory_tiers_only(void **state) {
+  (void)state;
+  char d[64], spec[512];
+  snprintf(spec, sizeof(spec), "%s;nvme:%s/loan:4MiB", dram_for(d, sizeof(d), 2), fx->dir);
+  kvt_cache *c = open_cache(spec, 0, &fx->fp);
+  kvt_key k[3];
+  for (uint32_t i = 0; i < 3; i++) {
+    chain_keys(&fx->fp, 1800 + i, 1, &k[i]);
+    put_chain(c, &k[i], 0, 1, 0);
+  }
+  /* k[0] went down to nvme: that tier cannot lend. */
+  kvt_cache_loan loan;
+  assert_int_equal(kvt_cache_borrow(c, &k[0], &loan), KVT_ENOTSUP);
+  assert_int_equal(loan.tier, -1);
+  /* k[2] is in dram: lent in place, the same bytes a get returns. */
+  assert_int_equal(kvt_cache_borrow(c, &k[2], &loan), 0);
+  assert_int_equal(loan.tier, 0);
+  assert_int_equal(loan.len, plen);
+  uint64_t len;
+  uint8_t *want = payload_of(fx->ctx, &fx->fp, &k[2], CT_TOKENS, &len);
+  assert_memory_equal(loan.data, want, len);
+  assert_int_equal(stats(c, -1).pinned, 1);
+  /* While lent it is not evicted: puts that need room take others. */
+  kvt_key more[3];
+  for (uint32_t i = 0; i < 3; i++) {
+    chain_keys(&fx->fp, 1810 + i, 1, &more[i]);
+    put_chain(c, &more[i], 0, 1, 0);
+  }
+  assert_int_equal(kvt_cache_where(c, &k[2]) & 1u, 1u);
+  assert_memory_equal(loan.data, want, len);
+  kvt_cache_return(c, &loan);
+  kvt_cache_return(c, &loan); /* a second return is harmless */
+  assert_int_equal(stats(c, -1).pinned, 0);
+  kvt_key absent = {{0xEE}};
+  assert_int_equal(kvt_cache_borrow(c, &absent, &loan), KVT_ENOTFOUND);
+  free(want);
+  kvt_cache_close(c);
+}
+
+static void test_cache_borrow_refuses_a_foreign_payload(void **state) {
+  (void)state;
+  kvt_cache *c = open_cache("dram:1MiB", 0, &fx->fp);
+  kvt_key k[1];
+  chain_keys(&fx->fp, 1820, 1, k);
+  uint64_t len;
+  uint8_t *p = payload_of(fx->ctx, &fx->fp_other, &k[0], CT_TOKENS, &len);
+  /* Planted behind the cache's back, then indexed by a put of good bytes
+   * under the same key being replaced in the tier. */
+  put_chain(c, k, 0, 1, 0);
+  assert_int_equal(kvt_tier_put(kvt_cache_tier(c, 0), &k[0], p, len), 0);
+  kvt_cache_loan loan;
+  assert_int_equal(kvt_cache_borrow(c, &k[0], &loan), KVT_EFOREIGN);
+  assert_int_equal(kvt_cache_where(c, &k[0]), 0);
+  assert_int_equal(stats(c, -1).pinned, 0);
+  free(p);
+  kvt_cache_close(c);
+}
+
 static void test_cache_open_rejects_bad_configs(void **state) {
   (void)state;
   kvt_cache_config cfg = KVT_CACHE_CONFIG_INIT;
@@ -658,6 +716,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cache_background_mover_keeps_headroom, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cache_plan_restore_uses_the_bandwidth_model, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cache_borrow_lends_from_memory_tiers_only, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cache_borrow_refuses_a_foreign_payload, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cache_open_rejects_bad_configs, setup, teardown),
   };

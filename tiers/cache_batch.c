@@ -1,9 +1,12 @@
-/* tiers/cache_batch.c - kvt_cache_get_many(): many gets with several reads
- * in flight per tier (kvt_tier_submit/kvt_tier_poll), the checks and
- * counters of one get each (tiers/cache_ops.c), promotions afterwards. */
+/* tiers/cache_batch.c - the get variants beside kvt_cache_get:
+ * kvt_cache_get_many() (many gets with several reads in flight per tier, the
+ * checks and counters of one get each, promotions afterwards) and
+ * kvt_cache_borrow() (a payload lent in place by a memory tier). The shared
+ * get path is in tiers/cache_ops.c. */
 #include <errno.h>
 
 #include "cache_internal.h"
+#include "kvtier/gpu.h"
 
 #define WINDOW_MAX 64 /* reads in flight per tier */
 
@@ -110,4 +113,65 @@ int kvt_cache_get_many(kvt_cache *c, kvt_cache_get_req *reqs, size_t n, uint32_t
   kvt_dealloc(c->ctx, p);
   kvt_dealloc(c->ctx, idx);
   return 0;
+}
+
+/* ---- loans ------------------------------------------------------------------ */
+
+int kvt_cache_borrow(kvt_cache *c, const kvt_key *key, kvt_cache_loan *loan) {
+  if (!c || !key || !loan)
+    return -EINVAL;
+  memset(loan, 0, sizeof(*loan));
+  loan->tier = -1;
+  centry *e = cache_get_begin(c, key); /* pinned: neither moved nor freed now */
+  if (!e)
+    return KVT_ENOTFOUND;
+  pthread_mutex_lock(&c->mu);
+  const uint32_t mask = e->mask;
+  pthread_mutex_unlock(&c->mu);
+  const int t = mask ? __builtin_ctz(mask) : -1;
+  kvt_tier_loan tl;
+  int r = t < 0 ? KVT_ENOTFOUND : kvt_tier_borrow(c->t[t].tier, key, &tl);
+  if (r) {
+    /* Not lent: undo the get's pin; a miss or a refusal counts as a get's. */
+    cache_get_end(c, e, NULL, 0, t < 0 ? 0 : t, r == KVT_ENOTFOUND ? KVT_ENOTFOUND : KVT_ENOBUFS,
+                  0);
+    return r;
+  }
+  /* The header checks of a get, on host bytes only (device bytes are checked
+   * by the load kernel's own verification). */
+  int kind = KVT_GPU_MEM_PAGEABLE;
+  if (!strncmp(kvt_tier_spec(c->t[t].tier), "hbm:", 4))
+    kind = KVT_GPU_MEM_DEVICE;
+  if (kind != KVT_GPU_MEM_DEVICE) {
+    pthread_mutex_lock(&c->mu);
+    e->busy++; /* the loan's own pin, taken before the get's is dropped */
+    pthread_mutex_unlock(&c->mu);
+    r = cache_get_end(c, e, (void *)(uintptr_t)tl.data, tl.len, t, 0, 0);
+    if (r) { /* refused: the entry is doomed; our pin's release removes it */
+      kvt_tier_return(c->t[t].tier, &tl);
+      pthread_mutex_lock(&c->mu);
+      cache_unpin(c, e);
+      pthread_mutex_unlock(&c->mu);
+      return r;
+    }
+  }
+  loan->data = tl.data;
+  loan->len = tl.len;
+  loan->tier = t;
+  loan->internal[0] = e;
+  loan->internal[1] = tl.internal;
+  return 0;
+}
+
+void kvt_cache_return(kvt_cache *c, kvt_cache_loan *loan) {
+  if (!c || !loan || !loan->internal[0])
+    return;
+  centry *e = loan->internal[0];
+  kvt_tier_loan tl = {loan->data, loan->len, loan->internal[1]};
+  kvt_tier_return(c->t[loan->tier].tier, &tl);
+  pthread_mutex_lock(&c->mu);
+  cache_unpin(c, e);
+  pthread_mutex_unlock(&c->mu);
+  memset(loan, 0, sizeof(*loan));
+  loan->tier = -1;
 }

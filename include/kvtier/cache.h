@@ -154,6 +154,28 @@ typedef struct kvt_cache_get_req {
 KVT_API int kvt_cache_get_many(kvt_cache *cache, kvt_cache_get_req *reqs, size_t n,
                                uint32_t max_in_flight);
 
+/* A payload lent in place by the tier holding it (see kvt_tier_borrow):
+ * for a payload in a dram or hbm tier, the load kernel reads it without a
+ * staging copy. */
+typedef struct kvt_cache_loan {
+  const void *data;   /* the payload: host memory (dram; page-locked when the
+                         tier pins its slabs) or device memory (hbm) */
+  uint64_t len;
+  int32_t tier;       /* the tier lending it */
+  void *internal[3];  /* library-owned */
+} kvt_cache_loan;
+
+/* Lends the payload under key from its hottest tier, after the header
+ * checks of a get (key, fingerprint; every section checksum with
+ * KVT_CACHE_VERIFY when the bytes are in host memory). The payload stays in
+ * place, is neither moved nor freed, until kvt_cache_return(); every loan
+ * must be returned before the cache is closed. No promotion. Returns 0,
+ * KVT_ENOTFOUND, KVT_ENOTSUP (its hottest tier cannot lend: nvme; use
+ * kvt_cache_get), -EAGAIN (too many loans out), KVT_EFOREIGN or a parse
+ * error (the payload is deleted as by a get), or -EINVAL. */
+KVT_API int kvt_cache_borrow(kvt_cache *cache, const kvt_key *key, kvt_cache_loan *loan);
+KVT_API void kvt_cache_return(kvt_cache *cache, kvt_cache_loan *loan);
+
 /* How many leading tokens of tokens[0..n) are cached: walks the chained
  * chunk keys of the cache's fingerprint and counts full chunks held until the
  * first one that is not, and writes tokens (a multiple of chunk_tokens) to

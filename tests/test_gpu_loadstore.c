@@ -566,6 +566,23 @@ static void test_gpu_load_from_memory_tier_loans_in_place(void **state) {
     free(back);
     kvt_tier_close(t);
   }
+  /* Through the cache: an hbm tier over a dram one, the payload lent by
+   * whichever holds it. The fixture's key and fingerprint are the store's. */
+  kvt_cache_config cc = KVT_CACHE_CONFIG_INIT;
+  cc.tiers = "hbm:0:64MiB;dram:64MiB";
+  kvt_cache *c = NULL;
+  assert_int_equal(kvt_cache_open(ctx, &cc, &c), 0);
+  assert_int_equal(kvt_cache_put(c, &f.sp.encode.key, NULL, f.pay, f.len), 0);
+  kvt_cache_loan cl;
+  engine_upload(&f.e);
+  assert_int_equal(kvt_cache_borrow(c, &f.sp.encode.key, &cl), 0);
+  assert_int_equal(cl.tier, 0);
+  assert_int_equal(load(&f, cl.data, cl.len), 0);
+  uint16_t *got = engine_download(&f.e);
+  assert_memory_equal(got, want, engine_bytes(&f.e));
+  free(got);
+  kvt_cache_return(c, &cl);
+  kvt_cache_close(c);
   kvt_tier *t = NULL;
   assert_int_equal(kvt_tier_open(ctx, "hbm:999:1GiB", &t), KVT_ENOTSUP);
   assert_int_equal(kvt_tier_open(ctx, "hbm:1GiB", &t), -EINVAL);

@@ -872,7 +872,10 @@ extern "C" const char *kvt_gpurt_error_string(int err) {
 
 extern "C" int kvt_gpurt_device_count(int *n) {
   *n = 0;
-  return (int)cudaGetDeviceCount(n);
+  const cudaError_t e = cudaGetDeviceCount(n);
+  if (e != cudaSuccess)
+    (void)cudaGetLastError(); /* as clear_failed, below */
+  return (int)e;
 }
 
 extern "C" int kvt_gpurt_pointer(const void *p, int *kind, void **dev) {
@@ -897,11 +900,19 @@ extern "C" int kvt_gpurt_pointer(const void *p, int *kind, void **dev) {
   return 0;
 }
 
-extern "C" int kvt_gpurt_host_register(void *p, size_t n) {
-  return (int)cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterMapped);
+/* A failed call leaves its error as the thread's last error, which a later
+ * launcher's cudaGetLastError() would report as its own: clear it. */
+static int clear_failed(cudaError_t e) {
+  if (e != cudaSuccess)
+    (void)cudaGetLastError();
+  return (int)e;
 }
-extern "C" int kvt_gpurt_host_unregister(void *p) { return (int)cudaHostUnregister(p); }
-extern "C" int kvt_gpurt_set_device(int dev) { return (int)cudaSetDevice(dev); }
+
+extern "C" int kvt_gpurt_host_register(void *p, size_t n) {
+  return clear_failed(cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterMapped));
+}
+extern "C" int kvt_gpurt_host_unregister(void *p) { return clear_failed(cudaHostUnregister(p)); }
+extern "C" int kvt_gpurt_set_device(int dev) { return clear_failed(cudaSetDevice(dev)); }
 extern "C" int kvt_gpurt_copy_default(void *dst, const void *src, size_t n) {
   return (int)cudaMemcpy(dst, src, n, cudaMemcpyDefault);
 }

@@ -376,9 +376,11 @@ int cache_drop_copy(kvt_cache *c, centry *e, int t, int kind) {
 }
 
 /* Moves victim v (pinned, moving, its bytes released from tier t's used) out
- * of tier t: to the first lower tier that takes it, else it is dropped. A
- * copy already held below (write-through) makes the move a delete. */
-static void demote(kvt_cache *c, centry *v, int t, const centry *guard) {
+ * of tier t: to the first lower tier that takes it, else it is dropped when
+ * may_evict (a put needs the room), or kept (the background mover only works
+ * ahead of need). A copy already held below (write-through) makes the move a
+ * delete. Returns whether v left tier t. */
+static int demote(kvt_cache *c, centry *v, int t, const centry *guard, int may_evict) {
   pthread_mutex_lock(&c->mu);
   uint32_t below = v->mask & ~((TBIT(t) << 1) - 1);
   pthread_mutex_unlock(&c->mu);
@@ -404,12 +406,20 @@ static void demote(kvt_cache *c, centry *v, int t, const centry *guard) {
     }
     buf_give(c, buf, cap);
   }
-  cache_drop_copy(c, v, t, kind);
+  int left = 0;
+  if (kind == 2 && !may_evict) {
+    pthread_mutex_lock(&c->mu); /* nowhere to go: it stays, counted again */
+    c->t[t].used += cache_cost(c, t, v->len);
+    pthread_mutex_unlock(&c->mu);
+  } else {
+    left = cache_drop_copy(c, v, t, kind) == 0;
+  }
   pthread_mutex_lock(&c->mu);
   v->moving = 0;
   pthread_cond_broadcast(&c->cv); /* puts of this key wait for the move */
   cache_unpin(c, v);
   pthread_mutex_unlock(&c->mu);
+  return left;
 }
 
 int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len,
@@ -425,7 +435,7 @@ int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len,
     int r = make_room(c, e, guard, u, len, force, victims, &nv);
     pthread_mutex_unlock(&c->mu);
     for (int i = 0; i < nv; i++)
-      demote(c, victims[i], u, guard);
+      demote(c, victims[i], u, guard, 1);
     if (r == -EAGAIN) {
       force = 0;
       continue;
@@ -503,9 +513,14 @@ static void *mover_main(void *arg) {
     }
     c->mover_runs++;
     pthread_mutex_unlock(&c->mu);
+    int moved = 0;
     for (int i = 0; i < nv; i++)
-      demote(c, victims[i], u, NULL);
+      moved += demote(c, victims[i], u, NULL, 0);
     pthread_mutex_lock(&c->mu);
+    /* Nothing could go (the tier below is full or failing, or this tier
+     * cannot delete): wait for the next put rather than try again at once. */
+    if (!moved && !c->mover_stop)
+      pthread_cond_wait(&c->mover_cv, &c->mu);
   }
   pthread_mutex_unlock(&c->mu);
   return NULL;
@@ -514,10 +529,16 @@ static void *mover_main(void *arg) {
 int cache_mover_start(kvt_cache *c) {
   if (!(c->flags & KVT_CACHE_BACKGROUND) || c->ntiers < 2)
     return 0;
-  int r = pthread_create(&c->mover, NULL, mover_main, c);
-  if (r)
-    return -r;
+  pthread_mutex_lock(&c->mu); /* cache_mover_poke reads it under the lock */
   c->mover_on = 1;
+  pthread_mutex_unlock(&c->mu);
+  int r = pthread_create(&c->mover, NULL, mover_main, c);
+  if (r) {
+    pthread_mutex_lock(&c->mu);
+    c->mover_on = 0;
+    pthread_mutex_unlock(&c->mu);
+    return -r;
+  }
   return 0;
 }
 

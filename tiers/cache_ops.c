@@ -2,6 +2,7 @@
  * close, put, get with promotion, prefix lookup, delete and stats. The
  * machinery they share is in tiers/cache.c. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "cache_internal.h"
@@ -137,11 +138,17 @@ void kvt_cache_close(kvt_cache *c) {
 }
 
 int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
-  if (!ctx || !cfg || !out || cfg->struct_size < sizeof(kvt_cache_config) || !cfg->tiers)
+  /* Fields are only appended: a config of an older, shorter size opens with
+   * the later fields at their defaults. */
+  if (!ctx || !cfg || !out || cfg->struct_size < offsetof(kvt_cache_config, headroom_pct) ||
+      !cfg->tiers)
     return kvt_fail(ctx, -EINVAL, "cache: need a context, a config with tiers and an out pointer");
   if (cfg->flags & ~(uint32_t)(KVT_CACHE_WRITE_THROUGH | KVT_CACHE_NO_PROMOTE | KVT_CACHE_VERIFY |
                                KVT_CACHE_BACKGROUND))
     return kvt_fail(ctx, -EINVAL, "cache: unknown flags %#x", cfg->flags);
+  kvt_cache_config full = KVT_CACHE_CONFIG_INIT;
+  memcpy(&full, cfg, cfg->struct_size < sizeof(full) ? cfg->struct_size : sizeof(full));
+  cfg = &full;
   if (cfg->headroom_pct > 90)
     return kvt_fail(ctx, -EINVAL, "cache: headroom_pct %u: at most 90", cfg->headroom_pct);
   kvt_clear_error(ctx);

@@ -83,10 +83,16 @@ static size_t tally(kvt_cache *c, const kvt_key *keys, size_t m, kvt_cache_plan 
 int kvt_cache_plan_restore(kvt_cache *c, const uint32_t *tokens, size_t n,
                            const kvt_model_arch *model, double tflops, double mfu,
                            kvt_cache_plan *out) {
-  if (!c || (!tokens && n) || !out || out->struct_size < sizeof(*out) || !c->has_fp)
+  if (!c || (!tokens && n) || !out || out->struct_size < sizeof(size_t) || !c->has_fp)
     return -EINVAL;
+  /* Filled in full here and copied out up to the caller's struct_size, so a
+   * caller built against an older, shorter struct gets what it knows of. */
+  const size_t want = out->struct_size < sizeof(*out) ? out->struct_size : sizeof(*out);
+  kvt_cache_plan full;
+  kvt_cache_plan *const user = out;
+  out = &full;
   memset(out, 0, sizeof(*out));
-  out->struct_size = sizeof(*out);
+  out->struct_size = want;
   const size_t chunks = n / c->chunk_tokens;
   size_t done = 0;
   kvt_key keys[PLAN_BATCH], last;
@@ -117,5 +123,6 @@ int kvt_cache_plan_restore(kvt_cache *c, const uint32_t *tokens, size_t n,
     out->recompute_s = kvt_prefill_seconds(model, (double)out->cached_tokens, tflops, mfu);
     out->restore_pays = out->restore_s < out->recompute_s;
   }
+  memcpy(user, out, want);
   return 0;
 }

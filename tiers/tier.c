@@ -277,6 +277,7 @@ int kvt_tier_poll(kvt_tier *t, kvt_tier_op **done, size_t max, int timeout_ms) {
   clock_gettime(CLOCK_MONOTONIC, &start);
   pthread_mutex_lock(&t->mu);
   size_t got = 0;
+  int turned = 0;
   for (;;) {
     while (got < max && t->done_head) {
       kvt_tier_op *op = t->done_head;
@@ -286,16 +287,16 @@ int kvt_tier_poll(kvt_tier *t, kvt_tier_op **done, size_t max, int timeout_ms) {
       op->internal[0] = NULL;
       done[got++] = op;
     }
-    if (timeout_ms == 0 && !got && max && t->in_flight && t->be->progress) {
+    if (timeout_ms == 0 && !got && max && t->in_flight && t->be->progress && !turned) {
       /* A backend completing on the caller's thread (io_uring) gets one
        * non-blocking turn, so polling with timeout 0 makes progress. */
       pthread_mutex_unlock(&t->mu);
       t->be->progress(t->state, 0);
       pthread_mutex_lock(&t->mu);
-      timeout_ms = -2; /* taken; what it completed is collected below */
+      turned = 1; /* what it completed is collected above, then we return */
       continue;
     }
-    if (got || max == 0 || timeout_ms == 0 || timeout_ms == -2 || t->in_flight == 0)
+    if (got || max == 0 || timeout_ms == 0 || t->in_flight == 0)
       break; /* nothing in flight: nothing could arrive but a later submit's */
     int left = -1;
     if (timeout_ms > 0) {

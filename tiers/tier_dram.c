@@ -640,6 +640,10 @@ static int hbm_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state
 static void dram_close(void *state) {
   dram *d = state;
   kvt_ctx *ctx = d->ctx;
+  if (d->n_free_pins != NPINS) /* tier.h: every loan is returned before close */
+    kvt_logf(ctx, KVT_LOG_ERROR,
+             "%s tier: closed with %u loans outstanding; their memory is freed now",
+             d->hbm ? "hbm" : "dram", NPINS - d->n_free_pins);
   for (uint32_t i = 0; i < d->n_slabs; i++)
     if (d->slabs[i].base)
       slab_release(d, &d->slabs[i]);

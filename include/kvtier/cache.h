@@ -101,6 +101,8 @@ typedef struct kvt_cache_config {
 #define KVT_CACHE_CONFIG_INIT { sizeof(kvt_cache_config), NULL, NULL, 256, 0, 0, NULL }
 
 /* Opens every tier and builds the index from what the persistent tiers hold
+ * (a config of an older, shorter struct_size opens with the later fields at
+ * their defaults)
  * (their payloads are found again, without parent links until a lookup
  * walks them). *out is written only on success. Returns 0, -EINVAL (detail in
  * ctx) for a bad config or more than KVT_CACHE_MAX_TIERS tiers, -ENOMEM, or
@@ -203,8 +205,9 @@ typedef struct kvt_cache_plan {
   int restore_pays;         /* model given and restore_s < recompute_s */
 } kvt_cache_plan;
 
-/* Fills *out for the leading chunks of tokens[0..n) that are cached, like a
- * lookup but without touching anything. model may be NULL (no recompute
+/* Fills *out (set out->struct_size first; a shorter, older struct gets the
+ * fields it has) for the leading chunks of tokens[0..n) that are cached,
+ * like a lookup but without touching anything. model may be NULL (no recompute
  * estimate); tflops and mfu as kvt_prefill_seconds() (0: its defaults).
  * Returns 0 or -EINVAL (no fingerprint configured, bad arguments). */
 KVT_API int kvt_cache_plan_restore(kvt_cache *cache, const uint32_t *tokens, size_t n,

@@ -8,7 +8,11 @@
  * temporary directory per test, removed afterwards. A row whose scheme is not
  * built in (kvt_tier_open gives KVT_ENOTSUP) is skipped; if every row is,
  * the program exits 77. Each test opens its own tier on its own context,
- * whose allocator counts, so nothing may stay allocated after close. */
+ * whose allocator counts, so nothing may stay allocated after close.
+ *
+ * KVT_CONFORMANCE_SPECS="SPEC|SPEC..." replaces the rows: the remote tiers'
+ * tests start their servers (redis-server, a Redis Cluster, kvtier-server)
+ * and run this suite against them that way. */
 #include <errno.h>
 #include <ftw.h>
 #include <pthread.h>
@@ -662,10 +666,30 @@ static int row_built(const tier_row *row) {
 
 #define ROW_TEST(fn) cmocka_unit_test_prestate_setup_teardown(fn, row_setup, row_teardown, row)
 
+enum { MAX_ENV_ROWS = 16 };
+
 int main(void) {
   int failed = 0, rows_run = 0;
-  for (size_t i = 0; i < sizeof(tier_rows) / sizeof(tier_rows[0]); i++) {
-    tier_row *row = &tier_rows[i];
+  tier_row *rows = tier_rows;
+  size_t n_rows = sizeof(tier_rows) / sizeof(tier_rows[0]);
+  static tier_row env_rows[MAX_ENV_ROWS];
+  static char env_copy[4096];
+  const char *env = getenv("KVT_CONFORMANCE_SPECS");
+  if (env && *env) {
+    if (strlen(env) >= sizeof(env_copy)) {
+      fprintf(stderr, "KVT_CONFORMANCE_SPECS is longer than %zu bytes\n", sizeof(env_copy) - 1);
+      return 1;
+    }
+    strcpy(env_copy, env);
+    n_rows = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(env_copy, "|", &save); tok && n_rows < MAX_ENV_ROWS;
+         tok = strtok_r(NULL, "|", &save))
+      env_rows[n_rows++].spec = tok;
+    rows = env_rows;
+  }
+  for (size_t i = 0; i < n_rows; i++) {
+    tier_row *row = &rows[i];
     if (!row_built(row))
       continue;
     rows_run++;

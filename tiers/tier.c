@@ -34,6 +34,13 @@ static const kvt_tier_backend *const registry[] = {
     &kvt_tier_backend_hbm,
 #endif
     &kvt_tier_backend_nvme,
+#ifdef KVT_HAVE_HIREDIS
+    &kvt_tier_backend_redis,
+    &kvt_tier_backend_redis_cluster,
+#endif
+#ifdef KVT_HAVE_FABRIC
+    &kvt_tier_backend_fabric,
+#endif
     &kvt_tier_backend_fault,
     &kvt_tier_backend_trace,
 };

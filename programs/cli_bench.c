@@ -277,8 +277,22 @@ static int bench_parse(int argc, char **argv, bench_cfg *c) {
 }
 
 int cli_bench_gpu_main(int argc, char **argv); /* cli_bench_gpu.c */
+#ifdef KVT_HAVE_HIREDIS
+int cli_bench_redis_main(int argc, char **argv); /* cli_bench_redis.c */
+#endif
+#ifdef KVT_HAVE_FABRIC
+int cli_bench_fabric_main(int argc, char **argv); /* cli_bench_fabric.c */
+#endif
 
 int cli_bench_main(int argc, char **argv) {
+#ifdef KVT_HAVE_HIREDIS
+  if (argc >= 2 && strcmp(argv[1], "redis") == 0)
+    return cli_bench_redis_main(argc - 1, argv + 1);
+#endif
+#ifdef KVT_HAVE_FABRIC
+  if (argc >= 2 && strcmp(argv[1], "fabric") == 0)
+    return cli_bench_fabric_main(argc - 1, argv + 1);
+#endif
   if (argc >= 2 && strcmp(argv[1], "gpu") == 0)
     return cli_bench_gpu_main(argc - 1, argv + 1);
   if (argc >= 2 && strcmp(argv[1], "tier") == 0)

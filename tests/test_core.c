@@ -30,6 +30,8 @@ static void test_error_table_names_and_messages_every_code(void **state) {
   assert_int_equal(KVT_EFORMAT, -4001);
   assert_int_equal(KVT_ECHECKSUM, -4005);
   assert_int_equal(KVT_ENOTSUP, -4016);
+  assert_int_equal(KVT_EAUTH, -4017);
+  assert_int_equal(KVT_EPROTO, -4018);
 }
 
 typedef struct counting {

@@ -32,7 +32,9 @@ extern "C" {
   X(ENOTFOUND, -4013, "not found")                                           \
   X(EBACKEND, -4014, "backend failure")                                      \
   X(ECUDA, -4015, "CUDA error")                                              \
-  X(ENOTSUP, -4016, "feature not built into this library")
+  X(ENOTSUP, -4016, "feature not built into this library")                  \
+  X(EAUTH, -4017, "authentication refused by the remote tier")               \
+  X(EPROTO, -4018, "malformed or unexpected reply from a remote peer")
 
 enum kvt_error {
   KVT_OK = 0,

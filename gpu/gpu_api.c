@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "kvt_gpu_layout.h"
 #include "kvtier/gpu.h"
@@ -24,6 +25,7 @@ static void desc_init(kvt_gpu_layout_desc *d, int dtype, uint32_t layers, void *
   d->num_blocks = num_blocks;
   d->k_layers = k;
   d->v_layers = v;
+  d->staging_bytes = KVT_GPU_STAGING_DEFAULT;
 }
 
 void kvt_gpu_layout_desc_vllm(kvt_gpu_layout_desc *d, int dtype, uint32_t layers,
@@ -118,12 +120,27 @@ int kvt_gpu_load(kvt_gpu_layout *layout, const void *payload, size_t len,
 
 #else
 
+#define NSLOT 3
+/* Loads from pinned host memory smaller than this read it from the kernel
+ * (zero copy): on an H200 (PCIe 5) zero copy reached 0.89-0.92x of
+ * cudaMemcpy at 10-32 MiB against 0.77-0.93x staged, and staging wins from
+ * ~40 MiB (0.91-0.97x at 40-128 MiB, 0.96-0.99x beyond). */
+#define STAGE_MIN_BYTES (48ull << 20)
+
 struct kvt_gpu_layout {
   kvt_ctx *ctx;
   kvt_gpu_layout_desc d; /* the descriptor, pointer arrays dropped */
   uint64_t *dev_ptrs;    /* [2 * layers]: K bases, then V bases */
   uint8_t *dev_aux;      /* kvt_gpu_status, then 2 * KVT_MAX_LAYERS amax floats */
   int align16, align4;   /* every base and stride allows 16- / 4-byte accesses */
+  /* Staged loads (kvt_gpu_load): NSLOT device slots of slot_bytes, a copy
+   * stream, and per slot an event after its copy and one after the kernels
+   * that read it. */
+  uint8_t *staging;
+  uint64_t slot_bytes;
+  void *copy_stream, *ev_start;
+  void *ev_copied[NSLOT], *ev_free[NSLOT];
+  uint32_t next_slot;
 };
 
 #define AUX_BYTES (sizeof(kvt_gpu_status) + 2 * KVT_MAX_LAYERS * sizeof(float))
@@ -142,7 +159,7 @@ static int check_desc(kvt_ctx *ctx, const kvt_gpu_layout_desc *d) {
   if (!d->heads || d->heads > KVT_MAX_HEADS || !d->head_dim || d->head_dim > KVT_MAX_HEAD_DIM)
     return kvt_fail(ctx, KVT_ESHAPE, "layout heads %u head_dim %u: limits %u and %u", d->heads,
                     d->head_dim, KVT_MAX_HEADS, KVT_MAX_HEAD_DIM);
-  if (!d->block_size || !d->num_blocks ||
+  if (!d->block_size || d->block_size > (1u << 31) || !d->num_blocks ||
       (uint64_t)d->block_size * d->num_blocks > ((uint64_t)1 << 40))
     return kvt_fail(ctx, KVT_ESHAPE, "layout of %u blocks of %u tokens", d->num_blocks,
                     d->block_size);
@@ -174,9 +191,33 @@ static int fill_ptrs(kvt_gpu_layout *L, const kvt_gpu_layout_desc *d, uint64_t *
   return 0;
 }
 
+/* The staging slots, copy stream and events of staged loads. */
+static int staging_create(kvt_gpu_layout *L, const char **what) {
+  L->slot_bytes = L->d.staging_bytes / NSLOT / 256 * 256;
+  if (L->slot_bytes == 0) {
+    L->d.staging_bytes = 0; /* too small to hold anything: no staging */
+    return 0;
+  }
+  int e;
+  *what = "cudaMalloc of the staging memory";
+  if ((e = kvt_gpurt_malloc((void **)&L->staging, NSLOT * L->slot_bytes)) != 0)
+    return e;
+  *what = "cudaStreamCreate of the copy stream";
+  if ((e = kvt_gpurt_stream_create(&L->copy_stream)) != 0)
+    return e;
+  *what = "cudaEventCreate";
+  if ((e = kvt_gpurt_event_create(&L->ev_start)) != 0)
+    return e;
+  for (int i = 0; i < NSLOT; i++)
+    if ((e = kvt_gpurt_event_create(&L->ev_copied[i])) != 0 ||
+        (e = kvt_gpurt_event_create(&L->ev_free[i])) != 0)
+      return e;
+  return 0;
+}
+
 int kvt_gpu_layout_create(kvt_ctx *ctx, const kvt_gpu_layout_desc *d, kvt_gpu_layout **out) {
   kvt_clear_error(ctx);
-  if (!ctx || !d || !out || d->struct_size < sizeof(kvt_gpu_layout_desc))
+  if (!ctx || !d || !out || d->struct_size < offsetof(kvt_gpu_layout_desc, staging_bytes))
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_layout_create: NULL argument or old descriptor");
   int rc = check_desc(ctx, d), n = 0, e;
   if (rc)
@@ -193,7 +234,7 @@ int kvt_gpu_layout_create(kvt_ctx *ctx, const kvt_gpu_layout_desc *d, kvt_gpu_la
   }
   memset(L, 0, sizeof(*L));
   L->ctx = ctx;
-  L->d = *d;
+  memcpy(&L->d, d, d->struct_size < sizeof(L->d) ? d->struct_size : sizeof(L->d));
   L->d.struct_size = sizeof(L->d);
   L->d.k_layers = L->d.v_layers = NULL;
   fill_ptrs(L, d, host);
@@ -206,6 +247,8 @@ int kvt_gpu_layout_create(kvt_ctx *ctx, const kvt_gpu_layout_desc *d, kvt_gpu_la
       e = kvt_gpurt_zero(L->dev_aux, AUX_BYTES); /* the status word is read whole */
   }
   kvt_dealloc(ctx, host);
+  if (e == 0 && L->d.staging_bytes)
+    e = staging_create(L, &what);
   if (e) {
     kvt_gpu_layout_destroy(L);
     return cuda_fail(ctx, e, what);
@@ -219,6 +262,15 @@ void kvt_gpu_layout_destroy(kvt_gpu_layout *L) {
     return;
   kvt_gpurt_free(L->dev_ptrs);
   kvt_gpurt_free(L->dev_aux);
+  if (L->copy_stream)
+    (void)kvt_gpurt_sync(L->copy_stream);
+  kvt_gpurt_stream_destroy(L->copy_stream);
+  kvt_gpurt_event_destroy(L->ev_start);
+  for (int i = 0; i < NSLOT; i++) {
+    kvt_gpurt_event_destroy(L->ev_copied[i]);
+    kvt_gpurt_event_destroy(L->ev_free[i]);
+  }
+  kvt_gpurt_free(L->staging);
   kvt_dealloc(L->ctx, L);
 }
 
@@ -260,13 +312,18 @@ static int payload_addr(kvt_ctx *ctx, const void *p, int *kind, uint8_t **dev) {
   return 0;
 }
 
-/* Elements per lane step: 32 (loads) or 16, 8 (16-byte engine accesses), 2, 1. */
-static uint32_t pick_chunk(const kvt_gpu_layout *L, const kvt_codec_spec *spec, int load) {
+/* What a launch reads and writes, for the choice of its chunk. */
+enum { CHUNK_STORE = 0, CHUNK_LOAD_DEVICE = 1, CHUNK_LOAD_HOST = 2 };
+
+/* Elements per lane step: 32 (loads reading host memory: larger PCIe
+ * requests per warp), 16 (stores; loads reading device memory, where 32
+ * would cost occupancy for nothing), 8 (16-byte engine accesses), 2, 1. */
+static uint32_t pick_chunk(const kvt_gpu_layout *L, const kvt_codec_spec *spec, int mode) {
   const uint32_t D = L->d.head_dim;
   const int i4 = spec->k_fmt == KVT_FMT_I4 || spec->v_fmt == KVT_FMT_I4;
   const int dim_groups = spec->v_fmt == KVT_FMT_I4 ||
                          (spec->k_fmt == KVT_FMT_I4 && spec->k_axis == KVT_AXIS_DIM);
-  for (uint32_t c = load ? 32 : 16; c >= 16; c /= 2) /* larger PCIe requests per warp */
+  for (uint32_t c = mode == CHUNK_LOAD_HOST ? 32 : 16; c >= 16; c /= 2)
     if (D % c == 0 && L->align16 && (!dim_groups || spec->group % c == 0))
       return c;
   if (D % 8 == 0 && L->align16 && (!dim_groups || spec->group % 8 == 0))
@@ -274,6 +331,39 @@ static uint32_t pick_chunk(const kvt_gpu_layout *L, const kvt_codec_spec *spec, 
   if (D % 2 == 0 && L->align4)
     return 2;
   return i4 ? 0 : 1;
+}
+
+/* The launch's fixed divisors (kvt_gpu_fdiv), from its shape and chunk. */
+static void set_divisors(kvt_gpu_kparams *kp) {
+  const uint32_t D = kp->head_dim, g = kp->group ? kp->group : 1;
+  const uint32_t cpr = kp->chunk ? D / kp->chunk : 1;
+  kp->fd_heads = kvt_gpu_fdiv_make(kp->heads);
+  kp->fd_block_size = kvt_gpu_fdiv_make(kp->block_size);
+  kp->fd_block = kvt_gpu_fdiv_make(kp->block ? kp->block : 1);
+  kp->fd_cpr = kvt_gpu_fdiv_make(cpr ? cpr : 1);
+  kp->fd_cpr8 = kvt_gpu_fdiv_make(D % 8 == 0 ? D / 8 : 1);
+  kp->fd_cpr16 = kvt_gpu_fdiv_make(D % 16 == 0 ? D / 16 : 1);
+  kp->fd_group = kvt_gpu_fdiv_make(g);
+  const uint64_t groups = ((uint64_t)kp->tokens + g - 1) / g * kp->heads * (cpr ? cpr : 1);
+  kp->fd_groups = kvt_gpu_fdiv_make((uint32_t)groups);
+}
+
+/* Sets kp->chunk to the chunk for mode and what depends on it: the
+ * divisors, and how many tokens of an i4 token group one thread loads from
+ * device memory (measured on an H200: 8 while there are few groups, 16
+ * beyond; 0 leaves the kernel's choice for host reads, which favour fewer,
+ * longer threads). */
+static void set_chunk(kvt_gpu_layout *L, const kvt_codec_spec *spec, int mode,
+                      kvt_gpu_kparams *kp) {
+  kp->chunk = pick_chunk(L, spec, mode);
+  set_divisors(kp);
+  kp->part = 0;
+  if (mode == CHUNK_LOAD_DEVICE && kp->chunk) {
+    const uint32_t g = kp->group ? kp->group : 1;
+    const uint64_t groups = ((uint64_t)kp->tokens + g - 1) / g * kp->heads *
+                            (kp->head_dim / kp->chunk) * 2 * kp->count;
+    kp->part = groups < 65536 ? 8 : 16;
+  }
 }
 
 static int fill_kparams(kvt_gpu_layout *L, const kvt_codec_spec *spec, uint32_t tokens,
@@ -323,6 +413,12 @@ static int fill_kparams(kvt_gpu_layout *L, const kvt_codec_spec *spec, uint32_t 
   kp->fmt[1] = spec->v_fmt;
   kp->scale = spec->scale;
   kp->k_axis = spec->k_axis;
+  /* The kernels index with 32-bit numerators (kvt_gpu_fdiv). */
+  if ((uint64_t)tokens * d->heads * d->head_dim >= (1ull << 31))
+    return kvt_fail(L->ctx, KVT_ETOOBIG, "%u tokens x %u heads x %u dim: a section of 2^31 "
+                    "elements or more is not supported by the GPU kernels", tokens, d->heads,
+                    d->head_dim);
+  set_chunk(L, spec, load, kp);
   return 0;
 }
 
@@ -610,21 +706,126 @@ static int verify_on_gpu(kvt_gpu_layout *L, const uint8_t *dev, const kvt_gpu_kp
   return 0;
 }
 
+/* Launches the load of kp's layers: one kernel, or with events one per
+ * layer, recording events[ev0 + i] after layer kp->first + i. */
+static int launch_layers(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, void *const *events,
+                         uint32_t ev0, void *stream) {
+  if (!events) {
+    const int e = kvt_gpurt_load(kp, stream);
+    return e ? cuda_fail(L->ctx, e, "load kernel launch") : 0;
+  }
+  kvt_gpu_kparams one = *kp;
+  for (uint32_t i = 0; i < kp->count; i++) {
+    one.first = kp->first + i;
+    one.count = 1;
+    int e = kvt_gpurt_load(&one, stream);
+    if (e)
+      return cuda_fail(L->ctx, e, "load kernel launch");
+    if ((e = kvt_gpurt_event_record(events[ev0 + i], stream)) != 0)
+      return cuda_fail(L->ctx, e, "cudaEventRecord after a layer");
+  }
+  return 0;
+}
+
+/* Bytes [*begin, *end) of payload-relative layer i: its K and V sections. */
+static void layer_span(const kvt_gpu_kparams *kp, uint32_t i, uint64_t *begin, uint64_t *end) {
+  *begin = kvt_gpu_sec_offset(kp, i, 0);
+  *end = kvt_gpu_sec_offset(kp, i, 1) + kvt_gpu_sec_size(kp, kp->layer_begin + i, 1);
+}
+
+/* Bytes of the loaded layers' sections. */
+static uint64_t loaded_bytes(const kvt_gpu_kparams *kp) {
+  uint64_t b0, e0, b1, e1;
+  layer_span(kp, kp->first, &b0, &e0);
+  layer_span(kp, kp->first + kp->count - 1, &b1, &e1);
+  return e1 - b0;
+}
+
+/* Whether every loaded layer fits one staging slot. */
+static int stageable(const kvt_gpu_layout *L, const kvt_gpu_kparams *kp) {
+  for (uint32_t i = kp->first; i < kp->first + kp->count; i++) {
+    uint64_t b, e;
+    layer_span(kp, i, &b, &e);
+    if (e - b > L->slot_bytes)
+      return 0;
+  }
+  return 1;
+}
+
+/* Pieces of whole layers, about a third of the load each (at least 2 MiB, at
+ * most a slot), so the copy of one overlaps the kernel of the one before
+ * and only the last piece's kernel is left after the copies end. (On an
+ * H200, thirds beat eighths, quarters, halves and a single piece: each
+ * piece costs host calls and cross-stream waits, and the last one's kernel
+ * is short next to PCIe.) */
+static int load_staged(kvt_gpu_layout *L, const uint8_t *host, const kvt_gpu_kparams *kp,
+                       void *const *events, void *stream) {
+  uint64_t b0, e0, b1, e1;
+  layer_span(kp, kp->first, &b0, &e0);
+  layer_span(kp, kp->first + kp->count - 1, &b1, &e1);
+  uint64_t target = (e1 - b0) / 3;
+  target = target < (2u << 20) ? (2u << 20) : target > L->slot_bytes ? L->slot_bytes : target;
+  int e = kvt_gpurt_event_record(L->ev_start, stream);
+  if (e == 0)
+    e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_start);
+  for (uint32_t i = kp->first; e == 0 && i < kp->first + kp->count;) {
+    uint64_t begin, end, nb, ne;
+    layer_span(kp, i, &begin, &end);
+    uint32_t n = 1;
+    while (i + n < kp->first + kp->count) {
+      layer_span(kp, i + n, &nb, &ne);
+      if (ne - begin > target)
+        break;
+      end = ne;
+      n++;
+    }
+    const uint32_t slot = L->next_slot;
+    L->next_slot = (slot + 1) % NSLOT;
+    uint8_t *dst = L->staging + (uint64_t)slot * L->slot_bytes;
+    if ((e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_free[slot])) != 0 ||
+        (e = kvt_gpurt_copy_h2d_async(dst, host + begin, end - begin, L->copy_stream)) != 0 ||
+        (e = kvt_gpurt_event_record(L->ev_copied[slot], L->copy_stream)) != 0 ||
+        (e = kvt_gpurt_stream_wait(stream, L->ev_copied[slot])) != 0)
+      break;
+    kvt_gpu_kparams piece = *kp;
+    piece.payload = (uint8_t *)((uintptr_t)dst - begin); /* section offsets stay the payload's */
+    piece.first = i;
+    piece.count = n;
+    const int rc = launch_layers(L, &piece, events, i - kp->first, stream);
+    if (rc)
+      return rc;
+    if ((e = kvt_gpurt_event_record(L->ev_free[slot], stream)) != 0)
+      break;
+    i += n;
+  }
+  return e ? cuda_fail(L->ctx, e, "staged load (copy stream, events)") : 0;
+}
+
 int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
                  const kvt_gpu_load_params *p, void *stream) {
   if (!L)
     return -EINVAL;
   kvt_ctx *ctx = L->ctx;
   kvt_clear_error(ctx);
-  if (!payload || !p || p->struct_size < sizeof(*p) || !p->slots)
+  if (!payload || !p || p->struct_size < offsetof(kvt_gpu_load_params, header) || !p->slots)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_load: NULL payload, params or slots");
+  const int has_header = p->struct_size >= sizeof(*p) && p->header;
   int kind, rc;
   uint8_t *dev = NULL, *copy = NULL;
   const uint8_t *hdr = NULL;
   if ((rc = payload_addr(ctx, payload, &kind, &dev)) != 0)
     return rc;
-  if ((rc = load_header(ctx, payload, len, kind, &copy, &hdr)) != 0)
+  if (kind == KVT_GPU_MEM_DEVICE && has_header) {
+    const uint8_t *h = p->header;
+    if (p->header_len < HDR_FIXED || p->header_len > len ||
+        kvt_ld32(h + H_HDRSIZE) > p->header_len)
+      return kvt_fail(ctx, -EINVAL, "kvt_gpu_load: a header copy of %zu bytes, for a payload "
+                      "of %zu whose header says %u", p->header_len, len,
+                      p->header_len >= HDR_FIXED ? kvt_ld32(h + H_HDRSIZE) : 0);
+    hdr = h;
+  } else if ((rc = load_header(ctx, payload, len, kind, &copy, &hdr)) != 0) {
     return rc;
+  }
   /* For a device payload only the header bytes are host-side: the parser
    * reads nothing past header_size (it checks len against the header's
    * payload_size and the table's offsets, and reads no section body). */
@@ -634,7 +835,9 @@ int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
   if ((rc = kvt_payload_parse(ctx, hdr, len, &in)) == 0 &&
       (rc = load_check(L, &in, p, &count)) == 0 &&
       (rc = fill_kparams(L, &in.spec, in.tokens, in.layer_begin, in.layers, p->layer_first, count,
-                         p->slots, dev, 1, &kp)) == 0)
+                         p->slots, dev,
+                         kind == KVT_GPU_MEM_PINNED ? CHUNK_LOAD_HOST : CHUNK_LOAD_DEVICE,
+                         &kp)) == 0)
     rc = load_sections(ctx, hdr,
                        kind == KVT_GPU_MEM_PINNED && !(p->flags & KVT_GPU_LOAD_TRUST_HOST)
                            ? payload
@@ -645,21 +848,13 @@ int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
     rc = verify_on_gpu(L, dev, &kp, stream);
   if (rc)
     return rc;
-  if (!p->layer_events) {
-    const int e = kvt_gpurt_load(&kp, stream);
-    return e ? cuda_fail(ctx, e, "load kernel launch") : 0;
+  if (kind == KVT_GPU_MEM_PINNED && L->staging && !(p->flags & KVT_GPU_LOAD_ZERO_COPY) &&
+      stageable(L, &kp) &&
+      ((p->flags & KVT_GPU_LOAD_STAGED) || loaded_bytes(&kp) >= STAGE_MIN_BYTES)) {
+    set_chunk(L, &in.spec, CHUNK_LOAD_DEVICE, &kp); /* the kernel reads the staging slots */
+    return load_staged(L, (const uint8_t *)payload, &kp, p->layer_events, stream);
   }
-  const uint32_t first = kp.first;
-  for (uint32_t i = 0; i < count; i++) {
-    kp.first = first + i;
-    kp.count = 1;
-    int e = kvt_gpurt_load(&kp, stream);
-    if (e)
-      return cuda_fail(ctx, e, "load kernel launch");
-    if ((e = kvt_gpurt_event_record(p->layer_events[i], stream)) != 0)
-      return cuda_fail(ctx, e, "cudaEventRecord after a layer");
-  }
-  return 0;
+  return launch_layers(L, &kp, p->layer_events, 0, stream);
 }
 
 #endif

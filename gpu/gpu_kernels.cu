@@ -171,6 +171,58 @@ __device__ __forceinline__ float dq_e4m3(uint8_t b) {
   return (float)v;
 }
 
+/* The load kernels' element steps, two elements per instruction where the
+ * hardware has it: bit-identical to the scalar forms above (e4m3 -> fp16 is
+ * exact, small integers are exact in fp32, and the paired conversions round
+ * to nearest even as the single ones do), but a third of the instructions,
+ * which the HBM load (bandwidth of device memory, not of PCIe) needs. */
+template <int DT> __device__ __forceinline__ uint32_t f2h2(float a, float b) {
+  if (DT == KVT_DTYPE_BF16) {
+    const __nv_bfloat162 r = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t *>(&r);
+  }
+  const __half2 r = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t *>(&r);
+}
+
+/* y[0..C) as C 16-bit elements. */
+template <int DT, int C> __device__ __forceinline__ void pack_c(const float *y, vec16<C> &v) {
+  if constexpr (C >= 2) {
+#pragma unroll
+    for (int j = 0; j < C; j += 2) {
+      const uint32_t u = f2h2<DT>(y[j], y[j + 1]);
+      v.h[j] = (uint16_t)(u & 0xffffu);
+      v.h[j + 1] = (uint16_t)(u >> 16);
+    }
+  } else {
+    v.h[0] = f2h<DT>(y[0]);
+  }
+}
+
+template <int C> __device__ __forceinline__ void dq_e4m3_c(const uint8_t *q, float *y) {
+  if constexpr (C >= 2) {
+#pragma unroll
+    for (int j = 0; j < C; j += 2) {
+      const __nv_fp8x2_storage_t pair = (__nv_fp8x2_storage_t)(q[j] | (q[j + 1] << 8));
+      const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+      const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
+      y[j] = f.x;
+      y[j + 1] = f.y;
+    }
+  } else {
+    y[0] = dq_e4m3(q[0]);
+  }
+}
+
+/* Small integers as floats by their bits (exact): 2^23 + n, minus 2^23. */
+__device__ __forceinline__ float u_small(uint32_t n) {
+  return __fsub_rn(__uint_as_float(0x4B000000u | n), 8388608.0f);
+}
+
+__device__ __forceinline__ float i8_small(uint8_t b) {
+  return __fsub_rn(__uint_as_float(0x4B000000u | (uint32_t)(b ^ 0x80u)), 8388736.0f);
+}
+
 /* i4 group parameters: false when zero or scale does not fit fp16. */
 __device__ __forceinline__ bool i4_params(float mn, float mx, uint32_t *packed, float *zero,
                                           float *inv) {
@@ -191,6 +243,11 @@ __device__ __forceinline__ bool i4_params(float mn, float mx, uint32_t *packed, 
 }
 
 /* ---- addressing ---- */
+
+/* n / divisor for the launch's fixed divisors (n < 2^32: gpu_api.c checks). */
+__device__ __forceinline__ uint32_t fdq(const kvt_gpu_fdiv &f, uint64_t n) {
+  return kvt_gpu_fdiv_q(f, (uint32_t)n);
+}
 
 struct sec_ctx {
   uint32_t li, kind, fmt;
@@ -217,7 +274,14 @@ __device__ __forceinline__ uint16_t *engine_row(const kvt_gpu_kparams &p, const 
   const int64_t slot = p.slots[t];
   if (slot < 0 || (uint64_t)slot >= p.slot_limit)
     return nullptr;
-  const uint64_t blk = (uint64_t)slot / p.block_size, off = (uint64_t)slot % p.block_size;
+  uint64_t blk, off;
+  if (slot < (int64_t)1 << 31) {
+    blk = fdq(p.fd_block_size, (uint64_t)slot);
+    off = (uint64_t)slot - blk * p.block_size;
+  } else {
+    blk = (uint64_t)slot / p.block_size;
+    off = (uint64_t)slot % p.block_size;
+  }
   return reinterpret_cast<uint16_t *>(s.base) + (int64_t)blk * p.stride_block +
          (int64_t)off * p.stride_token + (int64_t)h * p.stride_head;
 }
@@ -248,6 +312,28 @@ __device__ void report(const kvt_gpu_kparams &p, int code, const sec_ctx &s, uin
 }
 
 __device__ __forceinline__ uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+/* The divisor head_dim / C (chunks per row) for a kernel instantiated at C. */
+template <int C> __device__ __forceinline__ const kvt_gpu_fdiv &cpr_fd(const kvt_gpu_kparams &p) {
+  if (C == 16 && p.chunk != 16)
+    return p.fd_cpr16;
+  if (C == 8 && p.chunk != 8)
+    return p.fd_cpr8;
+  return p.fd_cpr;
+}
+
+/* Splits a chunk index i into its row (token * heads + head) and the first
+ * element d of the chunk, then the row into token and head. */
+template <int C> __device__ __forceinline__ void split_chunk(const kvt_gpu_kparams &p, uint64_t i,
+                                                             uint32_t *row, uint32_t *d,
+                                                             uint32_t *t, uint32_t *h) {
+  const kvt_gpu_fdiv &fc = cpr_fd<C>(p);
+  const uint32_t r = fdq(fc, i);
+  *d = ((uint32_t)i - r * fc.div) * C;
+  *row = r;
+  *t = fdq(p.fd_heads, r);
+  *h = r - *t * p.heads;
+}
 
 __device__ __forceinline__ uint64_t n_scales(const kvt_gpu_kparams &p) {
   if (p.scale == KVT_SCALE_BLOCK)
@@ -321,9 +407,9 @@ template <int DT, int C> __device__ void store_n16(const kvt_gpu_kparams &p, con
   uint16_t *out = reinterpret_cast<uint16_t *>(s.dst);
   for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (uint64_t)gridDim.x * blockDim.x) {
-    const uint64_t row = i / cpr;
-    const uint32_t d = (uint32_t)(i % cpr) * C;
-    const uint16_t *src = engine_row(p, s, (uint32_t)(row / p.heads), (uint32_t)(row % p.heads));
+    uint32_t row, d, t, h;
+    split_chunk<C>(p, i, &row, &d, &t, &h);
+    const uint16_t *src = engine_row(p, s, t, h);
     vec16<C> v;
     if (src)
       v = ld16<C>(src + d);
@@ -331,7 +417,7 @@ template <int DT, int C> __device__ void store_n16(const kvt_gpu_kparams &p, con
 #pragma unroll
       for (int j = 0; j < C; j++)
         v.h[j] = 0;
-    st16<C>(out + row * p.head_dim + d, v);
+    st16<C>(out + (uint64_t)row * p.head_dim + d, v);
   }
 }
 
@@ -358,8 +444,9 @@ template <int DT, int C> __device__ void store_scaled(const kvt_gpu_kparams &p,
   for (uint64_t u0 = warp * per_warp; u0 < units; u0 += nwarps * per_warp) {
     const uint64_t u = u0 + lane / R;
     const bool active = u < units;
-    const uint32_t h = active ? (uint32_t)(u % p.heads) : 0;
-    const uint32_t t0 = active ? (uint32_t)(u / p.heads) * span : 0;
+    const uint32_t uh = fdq(p.fd_heads, u);
+    const uint32_t h = active ? (uint32_t)u - uh * p.heads : 0;
+    const uint32_t t0 = active ? uh * span : 0;
     const uint32_t t1 = active ? min(p.tokens, t0 + span) : 0;
     float m = 0.0f;
     int bad_t = -1, bad_d = 0;
@@ -414,13 +501,13 @@ template <int DT, int C> __device__ void store_layer_scaled(const kvt_gpu_kparam
   const uint64_t n = (uint64_t)p.tokens * p.heads * cpr;
   for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (uint64_t)gridDim.x * blockDim.x) {
-    const uint64_t row = i / cpr;
-    const uint32_t d = (uint32_t)(i % cpr) * C;
+    uint32_t row, d, t, h;
+    split_chunk<C>(p, i, &row, &d, &t, &h);
     float x[C];
     uint8_t q[C];
-    load_x<DT, C>(engine_row(p, s, (uint32_t)(row / p.heads), (uint32_t)(row % p.heads)), d, x);
+    load_x<DT, C>(engine_row(p, s, t, h), d, x);
     quant_c<C>(s.fmt, x, inv, q);
-    st_bytes<C>(codes + row * p.head_dim + d, q);
+    st_bytes<C>(codes + (uint64_t)row * p.head_dim + d, q);
   }
 }
 
@@ -448,8 +535,9 @@ template <int DT, int C> __device__ void store_i4_dim(const kvt_gpu_kparams &p,
   for (uint64_t r0 = warp * per_warp; r0 < rows; r0 += nwarps * per_warp) {
     const uint64_t r = r0 + lane / R;
     const bool active = r < rows;
-    const uint32_t t = active ? (uint32_t)(r / p.heads) : 0;
-    const uint32_t h = active ? (uint32_t)(r % p.heads) : 0;
+    const uint32_t rt = fdq(p.fd_heads, r);
+    const uint32_t t = active ? rt : 0;
+    const uint32_t h = active ? (uint32_t)r - rt * p.heads : 0;
     const uint16_t *row = active ? engine_row(p, s, t, h) : nullptr;
     if (shuffled) {
       for (uint32_t c0 = 0; c0 < cpr; c0 += R) { /* uniform within the warp: cpr is */
@@ -548,9 +636,9 @@ template <int DT, int C> __device__ void store_i4_tok(const kvt_gpu_kparams &p,
   uint8_t *params = s.dst, *codes = s.dst + codes_at(p, s);
   for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (uint64_t)gridDim.x * blockDim.x) {
-    const uint64_t gh = i / cpr; /* (token group, head) */
-    const uint32_t c = (uint32_t)(i % cpr), h = (uint32_t)(gh % p.heads);
-    const uint32_t t0 = (uint32_t)(gh / p.heads) * G, t1 = min(p.tokens, t0 + G);
+    const uint32_t gh = fdq(cpr_fd<C>(p), i); /* (token group, head) */
+    const uint32_t c = (uint32_t)i - gh * cpr, gt = fdq(p.fd_heads, gh), h = gh - gt * p.heads;
+    const uint32_t t0 = gt * G, t1 = min(p.tokens, t0 + G);
     float mn[C], mx[C], zs[C], is[C];
 #pragma unroll
     for (int j = 0; j < C; j++) {
@@ -634,9 +722,8 @@ template <int DT, int C> __global__ void __launch_bounds__(THREADS)
   float m = 0.0f;
   for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (uint64_t)gridDim.x * blockDim.x) {
-    const uint64_t row = i / cpr;
-    const uint32_t d = (uint32_t)(i % cpr) * C, t = (uint32_t)(row / p.heads);
-    const uint32_t h = (uint32_t)(row % p.heads);
+    uint32_t row, d, t, h;
+    split_chunk<C>(p, i, &row, &d, &t, &h);
     float x[C];
     load_x<DT, C>(engine_row(p, s, t, h), d, x);
 #pragma unroll
@@ -686,7 +773,8 @@ template <int DT, int C> __device__ void load_i4_tok(const kvt_gpu_kparams &p,
   const uint64_t groups = div_up(p.tokens, G) * H * cpr;
   /* Small loads split each group's tokens over threads (re-reading its
    * parameters) so that there are enough threads to hide PCIe latency. */
-  const uint32_t part = groups * gridDim.y < 8192 ? 8 : G, parts = (G + part - 1) / part;
+  const uint32_t part = p.part ? min(p.part, G) : groups * gridDim.y < 8192 ? 8 : G;
+  const uint32_t parts = (G + part - 1) / part;
   const uint64_t n = groups * parts;
   const uint8_t *codes = s.dst + codes_at(p, s);
   const uint32_t lane = threadIdx.x & 31;
@@ -694,9 +782,10 @@ template <int DT, int C> __device__ void load_i4_tok(const kvt_gpu_kparams &p,
        i0 += (uint64_t)gridDim.x * blockDim.x) {
     const uint64_t i = i0 + lane;
     const bool on = i < n;
-    const uint64_t gi = i % groups, gh = gi / cpr; /* neighbours: neighbouring chunks */
-    const uint32_t d = (uint32_t)(gi % cpr) * C, h = (uint32_t)(gh % H);
-    const uint32_t g0 = (uint32_t)(gh / H) * G, t0 = g0 + (uint32_t)(i / groups) * part;
+    const uint32_t pi = fdq(p.fd_groups, i), gi = (uint32_t)i - pi * (uint32_t)groups;
+    const uint32_t gh = fdq(p.fd_cpr, gi); /* neighbours: neighbouring chunks */
+    const uint32_t d = (gi - gh * cpr) * C, gt = fdq(p.fd_heads, gh), h = gh - gt * H;
+    const uint32_t g0 = gt * G, t0 = g0 + pi * part;
     const uint32_t t1 = on ? min(min(p.tokens, g0 + G), t0 + part) : t0;
     uint32_t pr[C];
     const uint8_t *pp = s.dst + 4 * (gh * D + d);
@@ -706,7 +795,7 @@ template <int DT, int C> __device__ void load_i4_tok(const kvt_gpu_kparams &p,
       ld_bytes<4 * C>(pp, reinterpret_cast<uint8_t *>(pr));
     if (!on)
       continue;
-    constexpr int B = 4; /* tokens whose nibbles are read before any is written */
+    constexpr int B = C <= 16 ? 8 : 4; /* tokens whose nibbles are read before any is written */
     for (uint32_t tb = t0; tb < t1; tb += B) {
       uint8_t nib[B][C / 2];
 #pragma unroll
@@ -719,13 +808,15 @@ template <int DT, int C> __device__ void load_i4_tok(const kvt_gpu_kparams &p,
         if (!out)
           continue;
         vec16<C> v;
+        float y[C];
 #pragma unroll
         for (int j = 0; j < C; j++) {
           const uint32_t q = (nib[b][j / 2] >> (4 * (j & 1))) & 15u;
           const float sc = __half2float(__ushort_as_half((uint16_t)(pr[j] & 0xffffu)));
           const float z = __half2float(__ushort_as_half((uint16_t)(pr[j] >> 16)));
-          v.h[j] = f2h<DT>(__fadd_rn(__fmul_rn((float)q, sc), z));
+          y[j] = __fadd_rn(__fmul_rn(u_small(q), sc), z);
         }
+        pack_c<DT, C>(y, v);
         st16<C>(out + d, v);
       }
     }
@@ -740,39 +831,48 @@ template <int DT, int C> __device__ void load_rows(const kvt_gpu_kparams &p, con
   const uint8_t *codes = src + codes_at(p, s);
   for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (uint64_t)gridDim.x * blockDim.x) {
-    const uint64_t row = i / cpr;
-    const uint32_t d = (uint32_t)(i % cpr) * C, t = (uint32_t)(row / H), h = (uint32_t)(row % H);
+    uint32_t row, d, t, h;
+    split_chunk<C>(p, i, &row, &d, &t, &h);
     uint16_t *out = engine_row(p, s, t, h);
     if (!out)
       continue;
     vec16<C> v;
     if (s.fmt == KVT_FMT_N16) {
-      v = ld16<C>(reinterpret_cast<const uint16_t *>(src) + row * D + d);
+      v = ld16<C>(reinterpret_cast<const uint16_t *>(src) + (uint64_t)row * D + d);
     } else if (s.fmt == KVT_FMT_E4M3 || s.fmt == KVT_FMT_I8) {
       const uint64_t si = p.scale == KVT_SCALE_TOKEN   ? row
-                          : p.scale == KVT_SCALE_BLOCK ? (uint64_t)(t / p.block) * H + h
+                          : p.scale == KVT_SCALE_BLOCK ? (uint64_t)fdq(p.fd_block, t) * H + h
                                                        : 0;
       const float scale = ld_f32(src + 4 * si);
       uint8_t q[C];
-      ld_bytes<C>(codes + row * D + d, q);
+      float y[C];
+      ld_bytes<C>(codes + (uint64_t)row * D + d, q);
+      if (s.fmt == KVT_FMT_E4M3) {
+        dq_e4m3_c<C>(q, y);
+      } else {
 #pragma unroll
-      for (int j = 0; j < C; j++) {
-        const float y = s.fmt == KVT_FMT_E4M3 ? dq_e4m3(q[j]) : (float)(int8_t)q[j];
-        v.h[j] = f2h<DT>(__fmul_rn(y, scale));
+        for (int j = 0; j < C; j++)
+          y[j] = i8_small(q[j]);
       }
+#pragma unroll
+      for (int j = 0; j < C; j++)
+        y[j] = __fmul_rn(y[j], scale);
+      pack_c<DT, C>(y, v);
     } else {
       if constexpr (C >= 2) {
         uint8_t nib[C / 2];
-        ld_bytes<C / 2>(codes + (row * D + d) / 2, nib);
-        const uint32_t one =
-            *reinterpret_cast<const uint32_t *>(src + 4 * (row * (D / p.group) + d / p.group));
+        ld_bytes<C / 2>(codes + ((uint64_t)row * D + d) / 2, nib);
+        const uint32_t one = *reinterpret_cast<const uint32_t *>(
+            src + 4 * ((uint64_t)row * fdq(p.fd_group, D) + fdq(p.fd_group, d)));
         const float sc = __half2float(__ushort_as_half((uint16_t)(one & 0xffffu)));
         const float z = __half2float(__ushort_as_half((uint16_t)(one >> 16)));
+        float y[C];
 #pragma unroll
         for (int j = 0; j < C; j++) {
           const uint32_t q = (nib[j / 2] >> (4 * (j & 1))) & 15u;
-          v.h[j] = f2h<DT>(__fadd_rn(__fmul_rn((float)q, sc), z));
+          y[j] = __fadd_rn(__fmul_rn(u_small(q), sc), z);
         }
+        pack_c<DT, C>(y, v);
       }
     }
     st16<C>(out + d, v);

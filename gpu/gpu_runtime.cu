@@ -82,6 +82,35 @@ extern "C" int kvt_gpurt_copy_h2d_async(void *dst, const void *src, size_t n, vo
                               static_cast<cudaStream_t>(stream));
 }
 
+extern "C" int kvt_gpurt_stream_create(void **stream) {
+  cudaStream_t st = nullptr;
+  const cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  *stream = st;
+  return clear_failed(e);
+}
+
+extern "C" void kvt_gpurt_stream_destroy(void *stream) {
+  if (stream)
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int kvt_gpurt_event_create(void **event) {
+  cudaEvent_t ev = nullptr;
+  const cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  *event = ev;
+  return clear_failed(e);
+}
+
+extern "C" void kvt_gpurt_event_destroy(void *event) {
+  if (event)
+    cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+extern "C" int kvt_gpurt_stream_wait(void *stream, void *event) {
+  return (int)cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                  static_cast<cudaEvent_t>(event), 0);
+}
+
 extern "C" int kvt_gpurt_status(const kvt_gpu_status *dev, kvt_gpu_status *host) {
   return (int)cudaMemcpy(host, dev, sizeof(*host), cudaMemcpyDeviceToHost);
 }

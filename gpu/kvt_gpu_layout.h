@@ -21,6 +21,38 @@
 #define KVT_GPU_STATIC_ASSERT(c, m) _Static_assert(c, m)
 #endif
 
+/* Division of 32-bit numbers by a divisor fixed per launch, as a multiply
+ * and a shift (Granlund and Montgomery, "Division by invariant integers
+ * using multiplication", 1994, section 4): the kernels' index arithmetic
+ * (row = i / chunks_per_row, slot / block_size, row / heads) would otherwise
+ * be 64-bit divisions, which cost the load kernel a third of its speed.
+ * Exact for every n < 2^32 and divisor 1 <= d <= 2^31 (tests/test_gpu_fdiv.c
+ * checks it on the CPU). */
+typedef struct kvt_gpu_fdiv {
+  uint32_t div, mul, shift;
+} kvt_gpu_fdiv;
+
+/* Host side: the multiplier and shift of d (1 <= d <= 2^31). */
+KVT_HD kvt_gpu_fdiv kvt_gpu_fdiv_make(uint32_t d) {
+  kvt_gpu_fdiv f;
+  uint32_t l = 0;
+  while (l < 31 && (1ull << l) < d)
+    l++;
+  f.div = d;
+  f.shift = l;
+  f.mul = (uint32_t)(((1ull << 32) * ((1ull << l) - d)) / d + 1);
+  return f;
+}
+
+KVT_HD uint32_t kvt_gpu_fdiv_q(kvt_gpu_fdiv f, uint32_t n) {
+#ifdef __CUDA_ARCH__
+  const uint32_t hi = __umulhi(n, f.mul);
+#else
+  const uint32_t hi = (uint32_t)(((uint64_t)n * f.mul) >> 32);
+#endif
+  return (uint32_t)(((uint64_t)hi + n) >> f.shift);
+}
+
 /* The store kernel's verdict, in device memory, reset before each store. */
 typedef struct kvt_gpu_status {
   int32_t code; /* 0, KVT_ENONFINITE or KVT_ERANGE: the first to set it wins */
@@ -53,10 +85,15 @@ typedef struct kvt_gpu_kparams {
   uint32_t group, block;   /* i4 group size; tokens per scale block */
   uint8_t fmt[2];          /* the spec's K and V formats (enum kvt_fmt) */
   uint8_t scale, k_axis;   /* enum kvt_scale, enum kvt_axis */
-  uint32_t chunk;          /* elements per lane step: 1, 2 or 8 */
-  uint32_t reserved;
+  uint32_t chunk;          /* elements per lane step: 1, 2, 8, 16 or 32 */
+  uint32_t part;           /* i4 token-grouped loads: tokens per thread (0: the kernel's choice) */
+  /* Divisors of the index arithmetic (kvt_gpu_fdiv); every numerator is
+   * below 2^32 (gpu_api.c refuses larger shapes). */
+  kvt_gpu_fdiv fd_heads, fd_block_size, fd_block, fd_cpr, fd_cpr8, fd_cpr16, fd_groups;
+  kvt_gpu_fdiv fd_group;
+  uint32_t reserved2;
 } kvt_gpu_kparams;
-KVT_GPU_STATIC_ASSERT(sizeof(kvt_gpu_kparams) == 200, "kvt_gpu_kparams layout");
+KVT_GPU_STATIC_ASSERT(sizeof(kvt_gpu_kparams) == 304, "kvt_gpu_kparams layout");
 KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, stride_block) == 40, "kvt_gpu_kparams layout");
 KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, block_size) == 136, "kvt_gpu_kparams layout");
 KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, fmt) == 188, "kvt_gpu_kparams layout");
@@ -131,6 +168,13 @@ int kvt_gpurt_copy_d2h(void *dst, const void *src, size_t n);
 int kvt_gpurt_sync(void *stream);
 int kvt_gpurt_event_record(void *event, void *stream);
 int kvt_gpurt_copy_h2d_async(void *dst, const void *src, size_t n, void *stream);
+/* A non-blocking stream, an event without timing, and a wait of stream on
+ * event (the staged load's copy pipeline). */
+int kvt_gpurt_stream_create(void **stream);
+void kvt_gpurt_stream_destroy(void *stream);
+int kvt_gpurt_event_create(void **event);
+void kvt_gpurt_event_destroy(void *event);
+int kvt_gpurt_stream_wait(void *stream, void *event);
 /* XXH3-64 of every section of a payload in device memory into its table's
  * checksum fields, then of the header (its checksum field zero) into it. */
 int kvt_gpurt_seal(uint8_t *payload, uint32_t sections, uint64_t header_size, void *stream);

@@ -22,14 +22,18 @@ static const char gpu_help[] =
     "  memcpy H2D / D2H  cudaMemcpyAsync of the same payload bytes between pinned\n"
     "                    host memory and device memory (the baseline)\n"
     "  load              kvt_gpu_load from pinned host payloads into the slots\n"
-    "                    (KVT_GPU_LOAD_TRUST_HOST: checksums verified once before)\n"
+    "                    (KVT_GPU_LOAD_TRUST_HOST: checksums verified once before),\n"
+    "                    staged through the layout's device slots by the copy engine\n"
+    "  zcopy             the same load read by the kernel from host memory\n"
+    "                    (KVT_GPU_LOAD_ZERO_COPY), as a ratio to H2D\n"
     "  store             kvt_gpu_store_async into pinned host payloads (kernel)\n"
     "and on the host: verify (kvt_payload_verify, the load's checksum cost) and\n"
     "seal (kvt_gpu_store_finish's checksums). Reports medians: payload GB/s, the\n"
     "ratio to memcpy, and restored 16-bit KV GB/s (raw K+V bytes / load time).\n"
     "Then the HBM case, payloads in device memory, as GB/s of bytes read and\n"
     "written against cudaMemcpyAsync device-to-device of the payload bytes:\n"
-    "load (KVT_GPU_LOAD_TRUST_DEVICE), checked load (GPU XXH3 of the sections\n"
+    "load (KVT_GPU_LOAD_TRUST_DEVICE, with the host copy of the header that a\n"
+    "caller keeps: kvt_gpu_load_params.header), checked load (GPU XXH3 of the sections\n"
     "first; host wall time, it waits), and store (kernel + GPU checksums).\n"
     "\n"
     "Options:\n"
@@ -56,6 +60,7 @@ int cli_bench_gpu_main(int argc, char **argv) {
 #define BS 16
 #define SLOTS 32768
 #define MAX_ITERS 50
+#define HDR_COPY 16384 /* bytes of each HBM payload's header kept on the host */
 
 static const char *const gpu_specs[] = {
     "raw", "k16v8", "fp8", "int8", "k16v4", "k8v4", "int4", "int4,kgroup=dim",
@@ -70,6 +75,7 @@ typedef struct gsize {
 static const gsize gpu_sizes[] = {
     {"256 tok x 1 layer", 256, 1, 1},
     {"256 tok x 32 layers", 256, 32, 1},
+    {"1024 tok x 32 layers", 1024, 32, 1},
     {"4096 tok x 32 layers", 4096, 32, 1},
     {"32K ctx: 8 x 4096 tok x 32 layers", 4096, 32, 8},
 };
@@ -86,6 +92,7 @@ typedef struct gbench {
   size_t each;
   void *dev;      /* memcpy target: one payload */
   uint8_t *hbm;   /* device memory: 8 payloads of up to `each` bytes (the HBM case) */
+  uint8_t *hdr;   /* host: their headers, HDR_COPY bytes each */
   uint32_t iters;
 } gbench;
 
@@ -183,6 +190,10 @@ static int setup(gbench *g) {
       (rc = cu(cudaMalloc(&g->dev, g->each), "cudaMalloc payload")) ||
       (rc = cu(cudaMalloc((void **)&g->hbm, 8 * g->each), "cudaMalloc HBM payloads")))
     return rc;
+  if (!(g->hdr = malloc(8 * HDR_COPY))) {
+    cli_error("bench gpu: out of memory");
+    return CLI_EFAIL;
+  }
   return 0;
 }
 
@@ -193,6 +204,7 @@ static void teardown(gbench *g) {
   cudaFree(g->slots);
   cudaFree(g->dev);
   cudaFree(g->hbm);
+  free(g->hdr);
   cudaFreeHost(g->pin);
   if (g->st)
     cudaStreamDestroy(g->st);
@@ -202,6 +214,7 @@ typedef struct grow {
   uint64_t bytes, raw; /* payload and 16-bit K+V bytes of one measurement */
   double h2d, d2h, load, store, verify, seal; /* medians, seconds */
   double hstore, hload, hload_checked, d2d;    /* payloads in device memory */
+  double load_zc;                              /* load with KVT_GPU_LOAD_ZERO_COPY */
 } grow;
 
 static double ev_seconds(gbench *g) {
@@ -209,6 +222,14 @@ static double ev_seconds(gbench *g) {
   cudaEventSynchronize(g->e1);
   cudaEventElapsedTime(&ms, g->e0, g->e1);
   return ms / 1e3;
+}
+
+/* An untimed copy right before a timed measurement: after the host has
+ * worked alone for a while (verify, seal), the first transfer over an idle
+ * link runs slower, and that must not fall on one column only. */
+static void warm(gbench *g, size_t n) {
+  cudaMemcpyAsync(g->dev, g->pin, n < (1u << 20) ? n : (1u << 20), cudaMemcpyHostToDevice,
+                  g->st);
 }
 
 /* The HBM case: store into device memory (store kernel + GPU checksums),
@@ -229,7 +250,18 @@ static int iterate_hbm(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size
     rc = kvt_gpu_store_finish(g->L, g->hbm + j * g->each, len[j], g->st);
   if (rc)
     return kv_fail(g, "store finish (device memory)", rc);
+  /* The host copy of each header a caller keeps (kvt_gpu_load_params.header),
+   * taken outside the timed loads. */
+  size_t hlen[8];
+  for (uint32_t j = 0; j < n && !rc; j++) {
+    hlen[j] = len[j] < HDR_COPY ? len[j] : HDR_COPY;
+    rc = cu(cudaMemcpy(g->hdr + j * HDR_COPY, g->hbm + j * g->each, hlen[j],
+                       cudaMemcpyDeviceToHost), "header copy");
+  }
+  if (rc)
+    return rc;
   for (int checked = 0; checked < 2; checked++) {
+    warm(g, len[0]);
     double t0 = cli_now();
     cudaEventRecord(g->e0, g->st);
     for (uint32_t j = 0; j < n && !rc; j++) {
@@ -237,6 +269,10 @@ static int iterate_hbm(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size
       lp.tokens = z->tokens;
       lp.slots = sp[j].slots;
       lp.flags = checked ? 0 : KVT_GPU_LOAD_TRUST_DEVICE;
+      if (!checked) { /* the checked load trusts nothing: it copies the header too */
+        lp.header = g->hdr + j * HDR_COPY;
+        lp.header_len = hlen[j];
+      }
       rc = kvt_gpu_load(g->L, g->hbm + j * g->each, len[j], &lp, g->st);
     }
     cudaEventRecord(g->e1, g->st);
@@ -246,6 +282,7 @@ static int iterate_hbm(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size
     if (checked) /* it waits on the host for each payload's checksums */
       t[2] = cli_now() - t0; /* ev_seconds waited for the last load too */
   }
+  warm(g, len[0]);
   cudaEventRecord(g->e0, g->st);
   for (uint32_t j = 0; j < n; j++)
     cudaMemcpyAsync(g->dev, g->hbm + j * g->each, len[j], cudaMemcpyDeviceToDevice, g->st);
@@ -254,7 +291,8 @@ static int iterate_hbm(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size
   return 0;
 }
 
-/* One iteration of every measurement over z->payloads payloads; t[10]. */
+
+/* One iteration of every measurement over z->payloads payloads; t[11]. */
 static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *len,
                    double *t) {
   int rc = 0;
@@ -278,6 +316,7 @@ static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *
   t[3] = cli_now() - t0;
   if (rc)
     return kv_fail(g, "verify of a GPU-stored payload", rc);
+  warm(g, len[0]);
   cudaEventRecord(g->e0, g->st);
   for (uint32_t j = 0; j < n && !rc; j++) {
     kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
@@ -290,6 +329,20 @@ static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *
   if (rc)
     return kv_fail(g, "load", rc);
   t[2] = ev_seconds(g);
+  warm(g, len[0]);
+  cudaEventRecord(g->e0, g->st);
+  for (uint32_t j = 0; j < n && !rc; j++) {
+    kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+    lp.tokens = z->tokens;
+    lp.slots = sp[j].slots;
+    lp.flags = KVT_GPU_LOAD_TRUST_HOST | KVT_GPU_LOAD_ZERO_COPY;
+    rc = kvt_gpu_load(g->L, g->pin + j * g->each, len[j], &lp, g->st);
+  }
+  cudaEventRecord(g->e1, g->st);
+  if (rc)
+    return kv_fail(g, "zero-copy load", rc);
+  t[10] = ev_seconds(g);
+  warm(g, len[0]);
   cudaEventRecord(g->e0, g->st);
   for (uint32_t j = 0; j < n; j++)
     cudaMemcpyAsync(g->dev, g->pin + j * g->each, len[j], cudaMemcpyHostToDevice, g->st);
@@ -321,16 +374,16 @@ static int run_size(gbench *g, const char *spec_text, const gsize *z, grow *out)
     p.slots = g->slots + (size_t)j * z->tokens;
     sp[j] = p;
   }
-  double t[MAX_ITERS + 1][10], col[MAX_ITERS];
+  double t[MAX_ITERS + 1][11], col[MAX_ITERS];
   for (uint32_t it = 0; it <= g->iters; it++) {
     int rc = iterate(g, z, sp, len, t[it]);
     if (rc)
       return rc;
   }
-  double *m[10] = {&out->h2d,    &out->d2h,   &out->load,          &out->verify,
+  double *m[11] = {&out->h2d,    &out->d2h,   &out->load,          &out->verify,
                     &out->store,  &out->seal,  &out->hstore,        &out->hload,
-                    &out->hload_checked, &out->d2d};
-  for (int k = 0; k < 10; k++) {
+                    &out->hload_checked, &out->d2d, &out->load_zc};
+  for (int k = 0; k < 11; k++) {
     for (uint32_t it = 1; it <= g->iters; it++)
       col[it - 1] = t[it][k];
     *m[k] = median(col, g->iters);
@@ -355,18 +408,19 @@ static void print_hbm(const char *spec, const grow *r) {
 static void print_header(const gsize *z) {
   printf("\n%s: 16-bit K+V %.1f MiB\n", z->name,
          (double)z->payloads * z->layers * z->tokens * HEADS * HDIM * 4 / (1 << 20));
-  printf("%-16s %9s %8s %8s %7s %8s %7s %8s %8s %7s %8s %8s\n", "preset", "payload", "H2D",
-         "load", "load/", "KV", "KV/", "D2H", "store", "store/", "verify", "seal");
-  printf("%-16s %9s %8s %8s %7s %8s %7s %8s %8s %7s %8s %8s\n", "", "MiB", "GB/s", "GB/s",
-         "H2D", "GB/s", "H2D", "GB/s", "GB/s", "D2H", "GB/s", "GB/s");
+  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %8s %8s %7s %8s %8s\n", "preset", "payload",
+         "H2D", "load", "load/", "KV", "KV/", "zcopy/", "D2H", "store", "store/", "verify",
+         "seal");
+  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %8s %8s %7s %8s %8s\n", "", "MiB", "GB/s", "GB/s",
+         "H2D", "GB/s", "H2D", "H2D", "GB/s", "GB/s", "D2H", "GB/s", "GB/s");
 }
 
 static void print_row(const char *spec, const grow *r) {
   const double b = (double)r->bytes / 1e9, raw = (double)r->raw / 1e9;
-  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %8.1f %8.1f %7.2f %8.1f %8.1f\n", spec,
-         (double)r->bytes / (1 << 20), b / r->h2d, b / r->load, r->h2d / r->load, raw / r->load,
-         (raw / r->load) / (b / r->h2d), b / r->d2h, b / r->store, r->d2h / r->store,
-         b / r->verify, b / r->seal);
+  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %7.2f %8.1f %8.1f %7.2f %8.1f %8.1f\n",
+         spec, (double)r->bytes / (1 << 20), b / r->h2d, b / r->load, r->h2d / r->load,
+         raw / r->load, (raw / r->load) / (b / r->h2d), r->h2d / r->load_zc, b / r->d2h,
+         b / r->store, r->d2h / r->store, b / r->verify, b / r->seal);
 }
 
 int cli_bench_gpu_main(int argc, char **argv) {

@@ -122,10 +122,10 @@ int kvt_gpu_load(kvt_gpu_layout *layout, const void *payload, size_t len,
 
 #define NSLOT 3
 /* Loads from pinned host memory smaller than this read it from the kernel
- * (zero copy): on an H200 (PCIe 5) zero copy reached 0.89-0.92x of
- * cudaMemcpy at 10-32 MiB against 0.77-0.93x staged, and staging wins from
- * ~40 MiB (0.91-0.97x at 40-128 MiB, 0.96-0.99x beyond). */
-#define STAGE_MIN_BYTES (48ull << 20)
+ * (zero copy). On an H200 (PCIe 5) staging reached 0.88-0.97x of cudaMemcpy
+ * at 10-32 MiB and 0.96-0.99x beyond, zero copy 0.88-0.93x at every size;
+ * at 1 MiB both are launch-bound and neither wins. */
+#define STAGE_MIN_BYTES (4ull << 20)
 
 struct kvt_gpu_layout {
   kvt_ctx *ctx;
@@ -752,25 +752,26 @@ static int stageable(const kvt_gpu_layout *L, const kvt_gpu_kparams *kp) {
   return 1;
 }
 
-/* Pieces of whole layers, about a third of the load each (at least 2 MiB, at
- * most a slot), so the copy of one overlaps the kernel of the one before
- * and only the last piece's kernel is left after the copies end. (On an
- * H200, thirds beat eighths, quarters, halves and a single piece: each
- * piece costs host calls and cross-stream waits, and the last one's kernel
- * is short next to PCIe.) */
+/* Pieces of whole layers, so the copy of one overlaps the kernel of the one
+ * before and only the last piece's kernel is left after the copies end.
+ * Each piece costs host calls and cross-stream waits, so there are few. */
 static int load_staged(kvt_gpu_layout *L, const uint8_t *host, const kvt_gpu_kparams *kp,
                        void *const *events, void *stream) {
   uint64_t b0, e0, b1, e1;
   layer_span(kp, kp->first, &b0, &e0);
   layer_span(kp, kp->first + kp->count - 1, &b1, &e1);
-  uint64_t target = (e1 - b0) / 3;
-  target = target < (2u << 20) ? (2u << 20) : target > L->slot_bytes ? L->slot_bytes : target;
+  uint64_t left = e1 - b0;
   int e = kvt_gpurt_event_record(L->ev_start, stream);
   if (e == 0)
     e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_start);
   for (uint32_t i = kp->first; e == 0 && i < kp->first + kp->count;) {
     uint64_t begin, end, nb, ne;
     layer_span(kp, i, &begin, &end);
+    /* Half of what is left (at least 2 MiB, at most a slot): the pieces
+     * shrink towards the end, so the kernel left after the last copy is a
+     * short one, and a load takes few pieces. */
+    uint64_t target = left / 2;
+    target = target < (2u << 20) ? (2u << 20) : target > L->slot_bytes ? L->slot_bytes : target;
     uint32_t n = 1;
     while (i + n < kp->first + kp->count) {
       layer_span(kp, i + n, &nb, &ne);
@@ -796,6 +797,7 @@ static int load_staged(kvt_gpu_layout *L, const uint8_t *host, const kvt_gpu_kpa
       return rc;
     if ((e = kvt_gpurt_event_record(L->ev_free[slot], stream)) != 0)
       break;
+    left -= left < end - begin ? left : end - begin;
     i += n;
   }
   return e ? cuda_fail(L->ctx, e, "staged load (copy stream, events)") : 0;

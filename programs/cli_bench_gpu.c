@@ -24,8 +24,9 @@ static const char gpu_help[] =
     "  load              kvt_gpu_load from pinned host payloads into the slots\n"
     "                    (KVT_GPU_LOAD_TRUST_HOST: checksums verified once before),\n"
     "                    staged through the layout's device slots by the copy engine\n"
-    "  zcopy             the same load read by the kernel from host memory\n"
-    "                    (KVT_GPU_LOAD_ZERO_COPY), as a ratio to H2D\n"
+    "  zcopy, staged     the same load forced to read host memory from the kernel\n"
+    "                    (KVT_GPU_LOAD_ZERO_COPY) or to be staged (KVT_GPU_LOAD_STAGED),\n"
+    "                    as ratios to H2D\n"
     "  store             kvt_gpu_store_async into pinned host payloads (kernel)\n"
     "and on the host: verify (kvt_payload_verify, the load's checksum cost) and\n"
     "seal (kvt_gpu_store_finish's checksums). Reports medians: payload GB/s, the\n"
@@ -214,7 +215,7 @@ typedef struct grow {
   uint64_t bytes, raw; /* payload and 16-bit K+V bytes of one measurement */
   double h2d, d2h, load, store, verify, seal; /* medians, seconds */
   double hstore, hload, hload_checked, d2d;    /* payloads in device memory */
-  double load_zc;                              /* load with KVT_GPU_LOAD_ZERO_COPY */
+  double load_zc, load_st; /* load with KVT_GPU_LOAD_ZERO_COPY, KVT_GPU_LOAD_STAGED */
 } grow;
 
 static double ev_seconds(gbench *g) {
@@ -292,7 +293,7 @@ static int iterate_hbm(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size
 }
 
 
-/* One iteration of every measurement over z->payloads payloads; t[11]. */
+/* One iteration of every measurement over z->payloads payloads; t[12]. */
 static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *len,
                    double *t) {
   int rc = 0;
@@ -330,18 +331,22 @@ static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *
     return kv_fail(g, "load", rc);
   t[2] = ev_seconds(g);
   warm(g, len[0]);
-  cudaEventRecord(g->e0, g->st);
-  for (uint32_t j = 0; j < n && !rc; j++) {
-    kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
-    lp.tokens = z->tokens;
-    lp.slots = sp[j].slots;
-    lp.flags = KVT_GPU_LOAD_TRUST_HOST | KVT_GPU_LOAD_ZERO_COPY;
-    rc = kvt_gpu_load(g->L, g->pin + j * g->each, len[j], &lp, g->st);
+  for (int forced = 0; forced < 2 && !rc; forced++) { /* zero copy, then staged */
+    cudaEventRecord(g->e0, g->st);
+    for (uint32_t j = 0; j < n && !rc; j++) {
+      kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+      lp.tokens = z->tokens;
+      lp.slots = sp[j].slots;
+      lp.flags = KVT_GPU_LOAD_TRUST_HOST |
+                 (forced ? KVT_GPU_LOAD_STAGED : KVT_GPU_LOAD_ZERO_COPY);
+      rc = kvt_gpu_load(g->L, g->pin + j * g->each, len[j], &lp, g->st);
+    }
+    cudaEventRecord(g->e1, g->st);
+    if (rc)
+      return kv_fail(g, forced ? "staged load" : "zero-copy load", rc);
+    t[10 + forced] = ev_seconds(g);
+    warm(g, len[0]);
   }
-  cudaEventRecord(g->e1, g->st);
-  if (rc)
-    return kv_fail(g, "zero-copy load", rc);
-  t[10] = ev_seconds(g);
   warm(g, len[0]);
   cudaEventRecord(g->e0, g->st);
   for (uint32_t j = 0; j < n; j++)
@@ -374,16 +379,16 @@ static int run_size(gbench *g, const char *spec_text, const gsize *z, grow *out)
     p.slots = g->slots + (size_t)j * z->tokens;
     sp[j] = p;
   }
-  double t[MAX_ITERS + 1][11], col[MAX_ITERS];
+  double t[MAX_ITERS + 1][12], col[MAX_ITERS];
   for (uint32_t it = 0; it <= g->iters; it++) {
     int rc = iterate(g, z, sp, len, t[it]);
     if (rc)
       return rc;
   }
-  double *m[11] = {&out->h2d,    &out->d2h,   &out->load,          &out->verify,
+  double *m[12] = {&out->h2d,    &out->d2h,   &out->load,          &out->verify,
                     &out->store,  &out->seal,  &out->hstore,        &out->hload,
-                    &out->hload_checked, &out->d2d, &out->load_zc};
-  for (int k = 0; k < 11; k++) {
+                    &out->hload_checked, &out->d2d, &out->load_zc, &out->load_st};
+  for (int k = 0; k < 12; k++) {
     for (uint32_t it = 1; it <= g->iters; it++)
       col[it - 1] = t[it][k];
     *m[k] = median(col, g->iters);
@@ -408,19 +413,20 @@ static void print_hbm(const char *spec, const grow *r) {
 static void print_header(const gsize *z) {
   printf("\n%s: 16-bit K+V %.1f MiB\n", z->name,
          (double)z->payloads * z->layers * z->tokens * HEADS * HDIM * 4 / (1 << 20));
-  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %8s %8s %7s %8s %8s\n", "preset", "payload",
-         "H2D", "load", "load/", "KV", "KV/", "zcopy/", "D2H", "store", "store/", "verify",
-         "seal");
-  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %8s %8s %7s %8s %8s\n", "", "MiB", "GB/s", "GB/s",
-         "H2D", "GB/s", "H2D", "H2D", "GB/s", "GB/s", "D2H", "GB/s", "GB/s");
+  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %7s %8s %8s\n", "preset", "payload",
+         "H2D", "load", "load/", "KV", "KV/", "zcopy/", "staged/", "D2H", "store", "store/",
+         "verify", "seal");
+  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %7s %8s %8s\n", "", "MiB", "GB/s",
+         "GB/s", "H2D", "GB/s", "H2D", "H2D", "H2D", "GB/s", "GB/s", "D2H", "GB/s", "GB/s");
 }
 
 static void print_row(const char *spec, const grow *r) {
   const double b = (double)r->bytes / 1e9, raw = (double)r->raw / 1e9;
-  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %7.2f %8.1f %8.1f %7.2f %8.1f %8.1f\n",
+  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %7.2f %7.2f %8.1f %8.1f %7.2f %8.1f %8.1f\n",
          spec, (double)r->bytes / (1 << 20), b / r->h2d, b / r->load, r->h2d / r->load,
-         raw / r->load, (raw / r->load) / (b / r->h2d), r->h2d / r->load_zc, b / r->d2h,
-         b / r->store, r->d2h / r->store, b / r->verify, b / r->seal);
+         raw / r->load, (raw / r->load) / (b / r->h2d), r->h2d / r->load_zc,
+         r->h2d / r->load_st, b / r->d2h, b / r->store, r->d2h / r->store, b / r->verify,
+         b / r->seal);
 }
 
 int cli_bench_gpu_main(int argc, char **argv) {

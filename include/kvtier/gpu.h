@@ -195,7 +195,7 @@ enum kvt_gpu_load_flags {
    * have the load kernel read the host memory itself instead of staging. */
   KVT_GPU_LOAD_ZERO_COPY = 4u,
   /* For a payload in pinned host memory on a handle with staging memory:
-   * stage it whatever its size (without either flag, loads of 48 MiB or
+   * stage it whatever its size (without either flag, loads of 4 MiB or
    * more are staged and smaller ones read by the kernel). */
   KVT_GPU_LOAD_STAGED = 8u
 };
@@ -236,18 +236,19 @@ typedef struct kvt_gpu_load_params {
  * reaches the work). Everything below is checked before the first launch.
  *
  * How a payload in pinned host memory reaches the kernel: when the handle
- * has staging memory (kvt_gpu_layout_desc.staging_bytes; the fillers' default)
- * and the loaded sections are 48 MiB or more (or KVT_GPU_LOAD_STAGED is set;
- * KVT_GPU_LOAD_ZERO_COPY says never), the loaded layers are copied by the
- * copy engine (cudaMemcpyAsync on the handle's own stream) into the staging
- * slots, a few layers at a time, and each piece is loaded by the kernel from
- * device memory while the next piece copies: still compressed, so the copy
- * moves the payload's bytes only, and dequantization still happens in the
- * kernel's registers. (On an H200 over PCIe 5, staging reached 0.96-0.99x of
- * cudaMemcpy from 128 MiB and zero copy 0.89-0.93x at every size from 10 MiB;
- * below ~40 MiB zero copy is the faster.) Work queued on `stream` before the call runs before
- * the copies read the payload. A load whose single layer is larger than a
- * staging slot (staging_bytes / 3) is read from host memory by the kernel
+ * has staging memory (kvt_gpu_layout_desc.staging_bytes; the fillers'
+ * default) and the loaded sections are 4 MiB or more (or
+ * KVT_GPU_LOAD_STAGED is set; KVT_GPU_LOAD_ZERO_COPY says never), the copy
+ * engine (cudaMemcpyAsync on the handle's own stream) copies them into the
+ * staging slots in pieces of whole layers that shrink towards the end (half
+ * of what is left, at least 2 MiB, at most a slot), and the kernel loads
+ * each piece from device memory while the next one copies. The copy moves
+ * the payload's compressed bytes only; dequantization still happens in the
+ * kernel's registers. (On an H200 over PCIe 5, staged loads reached
+ * 0.88-0.97x of cudaMemcpy of the same bytes at 10-32 MiB and 0.96-0.99x
+ * beyond; zero copy 0.88-0.93x.) Work queued on `stream` before the call
+ * runs before the copies read the payload. A load with a layer larger than
+ * a staging slot (staging_bytes / 3) is read from host memory by the kernel
  * (zero copy), as is every load on a handle without staging memory. Staged
  * loads on one handle share its slots and are ordered by events, so loads
  * on several streams stay correct but do not overlap each other's copies.

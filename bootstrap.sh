@@ -28,7 +28,8 @@ esac
 
 # Debian packages kvtier needs to build and test. CUDA (nvcc) is optional and
 # used when present.
-packages=(cmake make gcc g++ pkg-config libcmocka-dev libzstd-dev libxxhash-dev liburing-dev)
+packages=(cmake make gcc g++ pkg-config libcmocka-dev libzstd-dev libxxhash-dev liburing-dev
+          libhiredis-dev redis-server redis-tools libfabric-dev libfabric-bin)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -35,9 +35,28 @@
  *                                later PUTs and dropped when room is needed
  *   fault:RULES@SPEC             fault injection around another tier (tests)
  *   trace@SPEC                   logs every operation through the context's log
+ *   redis://[USER:PASSWORD@]HOST:PORT[/DB][?OPT&OPT...]
+ *   redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][?OPT&OPT...]
+ *                                a Redis server or Redis Cluster (hiredis;
+ *                                built when libhiredis is found). ":PASSWORD@"
+ *                                for requirepass, USER:PASSWORD@ for an ACL
+ *                                user (%XX escapes). OPTs: ns=NAME (key
+ *                                namespace, "default"), ttl=SECONDS (0: none),
+ *                                timeout_ms=N (2000, every call), capacity=SIZE
+ *                                (enforced on what this handle wrote; default
+ *                                the servers' maxmemory), part=SIZE (values
+ *                                above it are split, 64MiB), conns=N (4),
+ *                                pipeline=N (32). A missing, expired or torn
+ *                                value misses; a full server (maxmemory,
+ *                                noeviction) is -ENOSPC; a dead server fails
+ *                                its operations (-ECONNREFUSED, -ECONNRESET,
+ *                                -ETIMEDOUT) and is reconnected with backoff;
+ *                                refused AUTH is KVT_EAUTH at open. items and
+ *                                used count what this handle wrote and
+ *                                deleted; list() scans the servers
  * SIZE takes B, KiB, MiB, GiB, TiB (or K, M, G, T, all powers of 1024) and
- * KB, MB, GB, TB (powers of 1000). Later releases add redis:// and
- * fabric://. With CUDA built:
+ * KB, MB, GB, TB (powers of 1000). A later release adds fabric://. With
+ * CUDA built:
  *   hbm:DEV:SIZE                 device memory of CUDA device DEV, e.g.
  *                                hbm:0:20GiB: payloads kept compressed on the
  *                                GPU; kvt_tier_borrow lends them in place */

@@ -63,6 +63,16 @@ int kvt_cache_get_many(kvt_cache *c, kvt_cache_get_req *reqs, size_t n, uint32_t
     kvt_dealloc(c->ctx, idx);
     return -ENOMEM;
   }
+  /* What shared tiers hold that the index misses (tiers/cache_shared.c). */
+  if (c->nshared) {
+    kvt_key ks[64];
+    for (size_t i = 0; i < n; i += 64) {
+      const size_t m = n - i < 64 ? n - i : 64;
+      for (size_t j = 0; j < m; j++)
+        ks[j] = reqs[i + j].key;
+      cache_discover(c, ks, m);
+    }
+  }
   /* Pin every entry and note its hottest tier. */
   for (size_t i = 0; i < n; i++) {
     reqs[i].len = 0;

@@ -44,7 +44,8 @@ typedef struct centry {
 
 typedef struct ctier {
   kvt_tier *tier;
-  int persistent;    /* survives a restart (nvme; later redis, fabric) */
+  int persistent;    /* survives a restart (nvme, redis, fabric) */
+  int shared;        /* other processes write it too (redis, fabric) */
   uint64_t capacity; /* from the tier's stats at open */
   uint64_t overhead, granule; /* what a payload costs there (kvt_tier_stats) */
   uint64_t used;     /* bytes held or reserved by a put in progress, as the
@@ -60,6 +61,7 @@ struct kvt_cache {
   pthread_mutex_t mu;
   pthread_cond_t cv; /* an entry was unpinned or removed */
   int ntiers;
+  int nshared;       /* tiers with shared set */
   ctier t[KVT_CACHE_MAX_TIERS];
   centry **buckets;
   size_t nbuckets, count;
@@ -120,6 +122,12 @@ void cache_mover_poke(kvt_cache *c, int u);
 
 /* Sets each tier's link from config.links or its scheme (tiers/cache_plan.c). */
 int cache_links_set(kvt_cache *c, const char *links);
+
+/* Shared tiers (tiers/cache_shared.c): whether a spec names one, and the
+ * keys of keys[0..n) the index misses, asked of them and indexed where found
+ * (mu NOT held; returns how many were indexed). */
+int cache_spec_shared(const char *spec);
+size_t cache_discover(kvt_cache *c, const kvt_key *keys, size_t n);
 
 /* Frees the spare buffers (close). */
 void cache_spares_free(kvt_cache *c);

@@ -90,6 +90,8 @@ static int open_one(kvt_cache *c, const char *spec, const char *list) {
   T->overhead = s.item_overhead;
   T->granule = s.granule;
   T->persistent = spec_persistent(spec);
+  T->shared = cache_spec_shared(spec);
+  c->nshared += T->shared;
   return 0;
 }
 
@@ -453,6 +455,7 @@ int kvt_cache_get(kvt_cache *c, const kvt_key *key, void *buf, uint64_t cap, uin
     *tier = -1;
   if (!c || !key || (!buf && cap))
     return -EINVAL;
+  cache_discover(c, key, 1);
   centry *e = cache_get_begin(c, key);
   if (!e)
     return KVT_ENOTFOUND;
@@ -491,6 +494,7 @@ int kvt_cache_lookup_keys(kvt_cache *c, const kvt_key *keys, size_t n, size_t *h
   if (!c || (!keys && n) || !hits)
     return -EINVAL;
   centry *last;
+  cache_discover(c, keys, n);
   pthread_mutex_lock(&c->mu);
   c->total.lookups++;
   *hits = walk(c, keys, n, NULL, &last);
@@ -520,6 +524,7 @@ int kvt_cache_lookup(kvt_cache *c, const uint32_t *tokens, size_t n, size_t *cac
       if (r)
         return r;
     }
+    cache_discover(c, keys, m);
     pthread_mutex_lock(&c->mu);
     /* prev may have been evicted since the last batch: look it up again. */
     prev = done ? cache_find(c, &prev_key) : NULL;

@@ -183,7 +183,14 @@ KVT_API void kvt_cache_return(kvt_cache *cache, kvt_cache_loan *loan);
  * first one that is not, and writes tokens (a multiple of chunk_tokens) to
  * *cached_tokens. Touches the hits, head first, and pins nothing: nothing is
  * reserved for a get that may never come. Returns 0 or -EINVAL (no
- * fingerprint configured). */
+ * fingerprint configured).
+ *
+ * Shared tiers (redis://, redis+cluster://, fabric://) are written by other
+ * processes too: a chunk the cache's index misses is asked of them (QUERY,
+ * a batch of keys in flight at once) and indexed where found, here and in
+ * kvt_cache_get and kvt_cache_get_many, so a decode node finds what a
+ * prefill node put. kvt_cache_query and kvt_cache_where answer from the
+ * index alone. A shared tier that does not answer counts as a miss. */
 KVT_API int kvt_cache_lookup(kvt_cache *cache, const uint32_t *tokens, size_t n,
                              size_t *cached_tokens);
 

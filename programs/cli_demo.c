@@ -39,6 +39,8 @@ static const char demo_help[] =
     "  --cache-dir DIR   where the cache section's nvme tier makes its temporary\n"
     "                    directory ($TMPDIR, else /var/tmp)\n"
     "  --json            machine-readable output\n"
+    "  --pd              the prefill -> decode flow instead: two processes that share\n"
+    "                    only a remote tier (kvtier demo --pd --help)\n"
     "\n"
     "Cache section: the context again, as k16v8 payloads put in order through a\n"
     "cache of a DRAM tier holding about 40%% of it and an NVMe tier below; then a\n"
@@ -582,7 +584,12 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
   return 0;
 }
 
+int cli_demo_pd_main(int argc, char **argv); /* cli_demo_pd.c */
+
 int cli_demo_main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--pd") == 0)
+      return cli_demo_pd_main(argc, argv);
   demo d;
   memset(&d, 0, sizeof(d));
   int rc = demo_parse(argc, argv, &d.c);

@@ -179,6 +179,35 @@ static void test_a_dead_shared_tier_is_a_miss_not_an_error_or_hang(void **state)
   rfx_stop(&s);
 }
 
+/* kvtier demo --pd through the group's server: prefill and decode processes
+ * that share only the redis tier; every payload byte checked by the CLI. */
+static void test_demo_pd_through_redis_is_byte_identical(void **state) {
+  (void)state;
+  const char *cli = KVT_BINARY_DIR "/programs/kvtier";
+  if (access(cli, X_OK) != 0) {
+    printf("(no %s: skipped)\n", cli);
+    return;
+  }
+  char cmd[1024];
+  snprintf(cmd, sizeof(cmd),
+           "%s demo --pd --remote 'redis://127.0.0.1:%d?ns=pd-test' --layers 2 --tokens 512 "
+           "--heads 2 --head-dim 64 --chunk-tokens 128 2>&1",
+           cli, srv.port);
+  FILE *f = popen(cmd, "r");
+  assert_non_null(f);
+  char out[8192];
+  const size_t n = fread(out, 1, sizeof(out) - 1, f);
+  out[n] = '\0';
+  const int st = pclose(f);
+  if (st != 0 || !strstr(out, "4 of 4 payloads byte-identical"))
+    fail_msg("demo --pd exited %d:\n%s", st, out);
+  /* It deletes what it put in a --remote tier. */
+  redisReply *r = rfx_cmd(srv.port, "KEYS kvt:pd-test:*");
+  assert_non_null(r);
+  assert_int_equal(r->elements, 0);
+  freeReplyObject(r);
+}
+
 int main(void) {
   if (!rfx_have_redis()) {
     printf("[  SKIP    ] redis-server is not on PATH\n");
@@ -188,6 +217,7 @@ int main(void) {
       cmocka_unit_test(test_what_one_host_puts_the_other_looks_up_and_reads),
       cmocka_unit_test(test_a_hit_in_redis_under_dram_is_promoted),
       cmocka_unit_test(test_a_dead_shared_tier_is_a_miss_not_an_error_or_hang),
+      cmocka_unit_test(test_demo_pd_through_redis_is_byte_identical),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

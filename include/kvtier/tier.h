@@ -54,9 +54,23 @@
  *                                refused AUTH is KVT_EAUTH at open. items and
  *                                used count what this handle wrote and
  *                                deleted; list() scans the servers
+ *   fabric://HOST:PORT[?OPT&OPT...]
+ *                                a kvtier-server over libfabric (built when
+ *                                libfabric is found): control messages, the
+ *                                payload moved by RMA to and from the op's own
+ *                                buffer. OPTs: tenant=NAME ("default"),
+ *                                token=TOKEN (else $KVTIER_FABRIC_TOKEN),
+ *                                timeout_ms=N (5000, every wait), provider=P
+ *                                (tcp;ofi_rxm; '+' for ';'), depth=N (64 ops
+ *                                on the wire), purge=1 (empty the tenant at
+ *                                open). A wrong token is KVT_EAUTH at open; a
+ *                                dead server fails its operations
+ *                                (-ECONNREFUSED, -ECONNRESET, -ETIMEDOUT) and
+ *                                the next one reconnects. items counts the
+ *                                tenant's values; capacity and used are the
+ *                                server's. docs/SERVER.md has the server
  * SIZE takes B, KiB, MiB, GiB, TiB (or K, M, G, T, all powers of 1024) and
- * KB, MB, GB, TB (powers of 1000). A later release adds fabric://. With
- * CUDA built:
+ * KB, MB, GB, TB (powers of 1000). With CUDA built:
  *   hbm:DEV:SIZE                 device memory of CUDA device DEV, e.g.
  *                                hbm:0:20GiB: payloads kept compressed on the
  *                                GPU; kvt_tier_borrow lends them in place */

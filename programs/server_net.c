@@ -1,0 +1,834 @@
+/* programs/server_net.c - kvtier-server's network side: one libfabric RDM
+ * endpoint driven by one thread, sessions (tenant bindings), requests and a
+ * pool of workers for the store's I/O.
+ *
+ * A request lives in one of NREQ slots, each owning a receive buffer: the
+ * number of requests being served at once is bounded by construction, and a
+ * slot's buffer is posted again only when its request is finished. The
+ * network thread does every libfabric call but registration (the domain is
+ * thread-safe; workers register the staging buffers they fill):
+ *   PUT   check size -> staging buffer -> fi_read from the client's buffer
+ *         -> worker stores it -> reply
+ *   GET   worker reads the value into a staging buffer -> fi_write into the
+ *         client's buffer -> reply (only after the write completed)
+ *   other worker -> reply
+ * Payload bytes in flight per session are bounded by --max-inflight: a
+ * request that would pass it waits (deferred) until earlier ones finish. A
+ * single request larger than the bound still runs alone, as it must.
+ *
+ * Peers. A HELLO carries the client's endpoint address, which goes into the
+ * address vector; its reply names the session. A request whose session is
+ * unknown cannot be answered (there is no address to answer to) and is
+ * dropped: the client's timeout takes over, and its next HELLO starts a new
+ * session. A failed send to a peer ends its session. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvt_internal.h"
+#include "kvt_transport.h"
+#include "server_internal.h"
+
+#define NREQ 256
+#define MAX_SESS 1024 /* a power of two: the low bits of a session id are its slot */
+#define DRAIN_S 10
+#define BUF_MIN_SHIFT 12
+#define BUF_CLASSES 48
+#define BUF_CACHE_MAX (512ull << 20)
+
+enum { K_RECV = 1, K_SEND, K_RMA };
+enum { RS_POSTED, RS_DEFERRED, RS_RMA, RS_WORK, RS_REPLY, RS_IDLE };
+
+typedef struct sbuf {
+  struct sbuf *next;
+  uint8_t *p;
+  size_t cap;
+  int cls;
+  kvt_fab_mr mr;
+} sbuf;
+
+typedef struct sreq sreq;
+
+typedef struct sess {
+  uint64_t id, addr;
+  int tenant; /* -1: stats only */
+  int used, dead;
+  uint64_t inflight;
+  uint32_t outstanding;
+  int64_t last;
+  sreq *def_head, *def_tail;
+} sess;
+
+struct sreq {
+  kvt_fab_ctx rctx, sctx, actx;
+  uint8_t *rbuf, *msg;
+  int state;
+  kvt_proto_msg req;
+  sess *s;
+  sbuf *stage;
+  uint64_t rma_off, rma_len; /* the transfer, in chunks of max_rma */
+  int32_t status;
+  uint64_t out_len, charge;
+  uint64_t temp_addr; /* a refused HELLO's peer, removed after the reply: or KVT_FAB_ADDR_NONE */
+  uint64_t new_session;
+  srv_get g;          /* a GET served from a lent record (lent): held until finish */
+  int lent;
+  const uint8_t *src; /* the lent payload */
+  kvt_fab_mr lend_mr;
+  kvt_proto_list_entry *list; /* LIST replies, allocated on first use */
+  uint32_t list_n;
+  uint64_t list_next;
+  uint64_t stats[KVT_STAT_COUNT];
+  sreq *next;
+};
+
+typedef struct server {
+  const srv_config *cfg;
+  srv_store *st;
+  kvt_fab *fab;
+  uint8_t *pool;
+  kvt_fab_mr pool_mr;
+  sreq req[NREQ];
+  sess sess[MAX_SESS];
+  uint64_t salt;
+  int draining;
+  int wake_fd;
+  /* Workers. */
+  pthread_t *threads;
+  int n_threads;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  sreq *job_head, *job_tail; /* for the workers */
+  sreq *done_head, *done_tail; /* back to the network thread */
+  int stop_workers;
+  /* Staging buffers. */
+  pthread_mutex_t buf_mu;
+  sbuf *free_bufs[BUF_CLASSES];
+  uint64_t cached_bytes;
+  /* Counters read by STATS (from workers): atomics. */
+  atomic_uint_fast64_t n_sessions, auth_refused, too_big, deferred;
+  int64_t started;
+} server;
+
+static int64_t now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec;
+}
+
+static void wake(server *sv) {
+  const uint64_t one = 1;
+  ssize_t w = write(sv->wake_fd, &one, sizeof(one));
+  (void)w;
+}
+
+/* ---- staging buffers ---- */
+
+static int buf_class(size_t n) {
+  int c = BUF_MIN_SHIFT;
+  while (c < 63 && ((size_t)1 << c) < n)
+    c++;
+  return c - BUF_MIN_SHIFT;
+}
+
+/* A registered buffer of at least n bytes: a cached one of n's power-of-two
+ * class that is large enough, else a new one of n rounded up to 64 KiB (not
+ * to the class's top: a 4 MiB payload would otherwise take 8 MiB). */
+static sbuf *buf_get(server *sv, size_t n) {
+  const int c = buf_class(n);
+  if (c >= BUF_CLASSES)
+    return NULL;
+  pthread_mutex_lock(&sv->buf_mu);
+  sbuf **pp = &sv->free_bufs[c];
+  while (*pp && (*pp)->cap < n)
+    pp = &(*pp)->next;
+  sbuf *b = *pp;
+  if (b) {
+    *pp = b->next;
+    sv->cached_bytes -= b->cap;
+  }
+  pthread_mutex_unlock(&sv->buf_mu);
+  if (b)
+    return b;
+  b = calloc(1, sizeof(*b));
+  if (!b)
+    return NULL;
+  b->cls = c;
+  b->cap = (n + 65535) & ~(size_t)65535;
+  if (posix_memalign((void **)&b->p, 4096, b->cap) != 0) {
+    free(b);
+    return NULL;
+  }
+  if (kvt_fab_mr_reg(sv->fab, b->p, b->cap, KVT_FAB_LOCAL, &b->mr) != 0) {
+    free(b->p);
+    free(b);
+    return NULL;
+  }
+  return b;
+}
+
+static void buf_free(sbuf *b) {
+  kvt_fab_mr_dereg(&b->mr);
+  free(b->p);
+  free(b);
+}
+
+static void buf_put(server *sv, sbuf *b) {
+  if (!b)
+    return;
+  pthread_mutex_lock(&sv->buf_mu);
+  if (sv->cached_bytes + b->cap <= BUF_CACHE_MAX) {
+    b->next = sv->free_bufs[b->cls];
+    sv->free_bufs[b->cls] = b;
+    sv->cached_bytes += b->cap;
+    b = NULL;
+  }
+  pthread_mutex_unlock(&sv->buf_mu);
+  if (b)
+    buf_free(b);
+}
+
+/* ---- sessions ---- */
+
+static sess *sess_find(server *sv, uint64_t id) {
+  sess *s = &sv->sess[id & (MAX_SESS - 1)];
+  return s->used && s->id == id && !s->dead ? s : NULL;
+}
+
+static void sess_free(server *sv, sess *s) {
+  kvt_fab_av_remove(sv->fab, s->addr);
+  s->used = 0;
+  s->id = 0;
+  atomic_fetch_sub(&sv->n_sessions, 1);
+}
+
+/* A free slot, or the least recently active idle session's. */
+static sess *sess_new(server *sv) {
+  sess *oldest = NULL;
+  for (int i = 0; i < MAX_SESS; i++) {
+    sess *s = &sv->sess[i];
+    if (!s->used)
+      return s;
+    if (!s->outstanding && (!oldest || s->last < oldest->last))
+      oldest = s;
+  }
+  if (oldest)
+    sess_free(sv, oldest);
+  return oldest;
+}
+
+/* ---- replies and finishing ---- */
+
+static void post_recv(server *sv, sreq *r) {
+  if (sv->draining) {
+    r->state = RS_IDLE;
+    return;
+  }
+  r->state = RS_POSTED;
+  if (kvt_fab_recv(sv->fab, r->rbuf, KVT_PROTO_MSG_MAX, sv->pool_mr.desc, &r->rctx) != 0) {
+    r->state = RS_IDLE; /* this slot is lost; the others keep serving */
+    fprintf(stderr, "kvtier-server: posting a receive: %s\n", kvt_fab_error(sv->fab));
+  }
+}
+
+static void start(server *sv, sreq *r);
+static void reply(server *sv, sreq *r, int32_t status);
+
+static void finish(server *sv, sreq *r) {
+  buf_put(sv, r->stage);
+  r->stage = NULL;
+  if (r->lent) {
+    kvt_fab_mr_dereg(&r->lend_mr);
+    srv_store_get_unlend(sv->st, &r->g);
+    srv_store_get_end(sv->st, &r->g, r->status == 0);
+    r->lent = 0;
+  }
+  if (r->temp_addr != KVT_FAB_ADDR_NONE) {
+    kvt_fab_av_remove(sv->fab, r->temp_addr);
+    r->temp_addr = KVT_FAB_ADDR_NONE;
+  }
+  sess *s = r->s;
+  r->s = NULL;
+  if (s) {
+    s->inflight -= r->charge;
+    s->outstanding--;
+    r->charge = 0;
+    /* Requests that waited for room start while it lasts (or end with
+     * their session). Both may finish requests of s in turn. */
+    while (s->used && s->def_head &&
+           (s->dead || s->inflight == 0 ||
+            s->inflight + s->def_head->charge <= sv->cfg->max_inflight)) {
+      sreq *d = s->def_head;
+      s->def_head = d->next;
+      if (!s->def_head)
+        s->def_tail = NULL;
+      if (s->dead)
+        reply(sv, d, -ECONNRESET);
+      else
+        start(sv, d);
+    }
+    if (s->used && s->dead && s->outstanding == 0)
+      sess_free(sv, s);
+  }
+  post_recv(sv, r);
+}
+
+static int encode_reply(server *sv, sreq *r, size_t *len) {
+  kvt_proto_msg m;
+  kvt_proto_init_reply(&m, &r->req, r->status);
+  switch (r->req.h.opcode) {
+  case KVT_PROTO_HELLO:
+    if (r->status == 0) {
+      m.h.session = r->new_session;
+      m.u.hello_reply.max_request = sv->cfg->max_request;
+      m.u.hello_reply.max_inflight = sv->cfg->max_inflight;
+      m.u.hello_reply.msg_max = KVT_PROTO_MSG_MAX;
+      m.u.hello_reply.list_max = KVT_PROTO_LIST_MAX;
+    }
+    break;
+  case KVT_PROTO_GET:
+  case KVT_PROTO_EXISTS:
+    m.u.len.len = r->out_len;
+    break;
+  case KVT_PROTO_STATS:
+    if (r->status == 0) {
+      m.u.stats.n = KVT_STAT_COUNT;
+      memcpy(m.u.stats.v, r->stats, sizeof(r->stats));
+    }
+    break;
+  case KVT_PROTO_LIST:
+    if (r->status == 0) {
+      m.u.list_reply.n = r->list_n;
+      m.u.list_reply.next = r->list_next;
+      m.u.list_reply.entries = r->list;
+    }
+    break;
+  default:
+    break;
+  }
+  return kvt_proto_encode(&m, r->msg, KVT_PROTO_MSG_MAX, len);
+}
+
+static void reply(server *sv, sreq *r, int32_t status) {
+  r->status = status;
+  const uint64_t dest = r->temp_addr != KVT_FAB_ADDR_NONE ? r->temp_addr : r->s ? r->s->addr : 0;
+  size_t len = 0;
+  int rc = (r->s && r->s->dead) ? -ECONNRESET : encode_reply(sv, r, &len);
+  if (rc == 0) {
+    r->state = RS_REPLY;
+    rc = kvt_fab_send(sv->fab, dest, r->msg, len, sv->pool_mr.desc, &r->sctx);
+  }
+  if (rc) {
+    if (r->s)
+      r->s->dead = 1; /* cannot answer this peer: its session ends */
+    finish(sv, r);
+  }
+}
+
+/* ---- data movement ---- */
+
+static void post_rma(server *sv, sreq *r) {
+  const uint64_t chunk = r->rma_len - r->rma_off < kvt_fab_max_rma(sv->fab)
+                             ? r->rma_len - r->rma_off
+                             : kvt_fab_max_rma(sv->fab);
+  const uint64_t raddr = r->req.u.data.rma_addr + r->rma_off;
+  r->state = RS_RMA;
+  int rc;
+  if (r->req.h.opcode == KVT_PROTO_PUT)
+    rc = kvt_fab_read(sv->fab, r->s->addr, r->stage->p + SRV_REC_HDR + r->rma_off, (size_t)chunk,
+                      r->stage->mr.desc, raddr, r->req.u.data.rma_key, &r->actx);
+  else if (r->lent)
+    rc = kvt_fab_write(sv->fab, r->s->addr, r->src + r->rma_off, (size_t)chunk, r->lend_mr.desc,
+                       raddr, r->req.u.data.rma_key, &r->actx);
+  else
+    rc = kvt_fab_write(sv->fab, r->s->addr, r->stage->p + SRV_REC_HDR + r->rma_off,
+                       (size_t)chunk, r->stage->mr.desc, raddr, r->req.u.data.rma_key,
+                       &r->actx);
+  if (rc)
+    reply(sv, r, rc);
+  else
+    r->rma_off += chunk;
+}
+
+static void to_workers(server *sv, sreq *r) {
+  r->state = RS_WORK;
+  r->next = NULL;
+  pthread_mutex_lock(&sv->mu);
+  if (sv->job_tail)
+    sv->job_tail->next = r;
+  else
+    sv->job_head = r;
+  sv->job_tail = r;
+  pthread_cond_signal(&sv->cv);
+  pthread_mutex_unlock(&sv->mu);
+}
+
+/* Starts a request whose in-flight bytes are within the session's bound. */
+static void start(server *sv, sreq *r) {
+  r->s->inflight += r->charge;
+  if (r->req.h.opcode != KVT_PROTO_PUT) {
+    to_workers(sv, r);
+    return;
+  }
+  r->stage = buf_get(sv, SRV_REC_HDR + r->req.u.data.len);
+  if (!r->stage) {
+    reply(sv, r, -ENOMEM);
+    return;
+  }
+  r->rma_off = 0;
+  r->rma_len = r->req.u.data.len;
+  if (r->rma_len)
+    post_rma(sv, r);
+  else
+    to_workers(sv, r);
+}
+
+/* ---- the workers ---- */
+
+static void work_get(server *sv, sreq *r) {
+  srv_get g;
+  r->status = srv_store_get_begin(sv->st, r->s->tenant, &r->req.u.data.key, &g);
+  if (r->status)
+    return;
+  r->out_len = g.len;
+  if (g.len > r->req.u.data.len) {
+    r->status = KVT_ENOBUFS;
+    srv_store_get_end(sv->st, &g, -1);
+    return;
+  }
+  /* A value in a memory tier goes out from where it lies (registered for
+   * this write), saving a copy; else through a staging buffer. */
+  const uint8_t *rec = NULL;
+  if (g.len && srv_store_get_lend(sv->st, &g, &rec) == 0) {
+    if (kvt_fab_mr_reg(sv->fab, rec, SRV_REC_HDR + g.len, KVT_FAB_LOCAL, &r->lend_mr) == 0) {
+      r->g = g;
+      r->lent = 1;
+      r->src = rec + SRV_REC_HDR;
+      r->status = 0;
+      return; /* finish() returns the loan and counts the hit */
+    }
+    srv_store_get_unlend(sv->st, &g);
+  }
+  r->stage = buf_get(sv, SRV_REC_HDR + g.len);
+  r->status = r->stage ? srv_store_get_read(sv->st, &g, r->stage->p) : -ENOMEM;
+  srv_store_get_end(sv->st, &g, r->status == 0);
+}
+
+static void work(server *sv, sreq *r) {
+  const int tenant = r->s->tenant;
+  r->out_len = 0;
+  switch (r->req.h.opcode) {
+  case KVT_PROTO_PUT:
+    r->status = srv_store_put(sv->st, tenant, &r->req.u.data.key, r->stage->p, r->req.u.data.len);
+    break;
+  case KVT_PROTO_GET:
+    work_get(sv, r);
+    break;
+  case KVT_PROTO_EXISTS:
+    r->status = srv_store_exists(sv->st, tenant, &r->req.u.key.key, &r->out_len);
+    break;
+  case KVT_PROTO_DEL:
+    r->status = srv_store_del(sv->st, tenant, &r->req.u.key.key);
+    break;
+  case KVT_PROTO_STATS:
+    memset(r->stats, 0, sizeof(r->stats));
+    srv_store_stats(sv->st, tenant, r->stats);
+    r->stats[KVT_STAT_SESSIONS] = atomic_load(&sv->n_sessions);
+    r->stats[KVT_STAT_AUTH_REFUSED] = atomic_load(&sv->auth_refused);
+    r->stats[KVT_STAT_TOO_BIG] = atomic_load(&sv->too_big);
+    r->stats[KVT_STAT_DEFERRED] = atomic_load(&sv->deferred);
+    r->stats[KVT_STAT_UPTIME_S] = (uint64_t)(now_s() - sv->started);
+    r->status = 0;
+    break;
+  case KVT_PROTO_LIST: {
+    if (!r->list)
+      r->list = malloc(KVT_PROTO_LIST_MAX * sizeof(*r->list));
+    const uint32_t max = r->req.u.list.max && r->req.u.list.max < KVT_PROTO_LIST_MAX
+                             ? r->req.u.list.max
+                             : KVT_PROTO_LIST_MAX;
+    r->status = r->list ? srv_store_list(sv->st, tenant, r->req.u.list.cursor, r->list, max,
+                                         &r->list_n, &r->list_next)
+                        : -ENOMEM;
+    break;
+  }
+  default:
+    r->status = KVT_EPROTO;
+  }
+}
+
+static void *worker_main(void *arg) {
+  server *sv = arg;
+  pthread_mutex_lock(&sv->mu);
+  for (;;) {
+    while (!sv->job_head && !sv->stop_workers)
+      pthread_cond_wait(&sv->cv, &sv->mu);
+    if (!sv->job_head)
+      break;
+    sreq *r = sv->job_head;
+    sv->job_head = r->next;
+    if (!sv->job_head)
+      sv->job_tail = NULL;
+    pthread_mutex_unlock(&sv->mu);
+    work(sv, r);
+    pthread_mutex_lock(&sv->mu);
+    r->next = NULL;
+    if (sv->done_tail)
+      sv->done_tail->next = r;
+    else
+      sv->done_head = r;
+    sv->done_tail = r;
+    wake(sv);
+  }
+  pthread_mutex_unlock(&sv->mu);
+  return NULL;
+}
+
+/* ---- requests ---- */
+
+/* Token comparison that takes the same time wherever the first difference is. */
+static int token_equal(const char *a, const char *b) {
+  unsigned char d = 0;
+  const size_t la = strlen(a), lb = strlen(b);
+  for (size_t i = 0; i < KVT_PROTO_TOKEN_MAX; i++)
+    d |= (unsigned char)((i < la ? a[i] : 0) ^ (i < lb ? b[i] : 0));
+  return d == 0 && la == lb;
+}
+
+static void on_hello(server *sv, sreq *r) {
+  const kvt_proto_msg *m = &r->req;
+  uint64_t addr;
+  if (m->u.hello.addr_len == 0 || kvt_fab_av_insert(sv->fab, m->u.hello.addr, &addr) != 0) {
+    post_recv(sv, r); /* nowhere to answer */
+    return;
+  }
+  int tenant = -1;
+  if (m->u.hello.tenant[0]) {
+    tenant = -2;
+    for (int i = 0; i < sv->cfg->n_tenants; i++)
+      if (strcmp(sv->cfg->tenants[i].name, m->u.hello.tenant) == 0 &&
+          token_equal(sv->cfg->tenants[i].token, m->u.hello.token))
+        tenant = i;
+  }
+  sess *s = tenant >= -1 && !sv->draining ? sess_new(sv) : NULL;
+  if (!s) {
+    r->temp_addr = addr;
+    if (tenant == -2) {
+      atomic_fetch_add(&sv->auth_refused, 1);
+      if (!sv->cfg->quiet)
+        fprintf(stderr, "kvtier-server: refused tenant '%s': unknown tenant or wrong token\n",
+                m->u.hello.tenant);
+    }
+    reply(sv, r, tenant == -2 ? KVT_EAUTH : sv->draining ? -ESHUTDOWN : -EBUSY);
+    return;
+  }
+  const size_t slot = (size_t)(s - sv->sess);
+  /* The session id is what authorizes every later request of the peer, so
+   * it must not be guessable: 54 random bits above the slot's. */
+  uint64_t rnd = 0;
+  if (getrandom(&rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+    sv->salt = sv->salt * 6364136223846793005ull + 1442695040888963407ull;
+    rnd = sv->salt;
+  }
+  memset(s, 0, sizeof(*s));
+  s->id = (rnd & ~(uint64_t)(MAX_SESS - 1)) | slot;
+  if (s->id == 0)
+    s->id = MAX_SESS | slot;
+  s->addr = addr;
+  s->tenant = tenant;
+  s->used = 1;
+  s->last = now_s();
+  atomic_fetch_add(&sv->n_sessions, 1);
+  r->new_session = s->id;
+  r->temp_addr = KVT_FAB_ADDR_NONE;
+  r->s = s;
+  s->outstanding++;
+  reply(sv, r, 0);
+}
+
+/* Admission of a data or query request on a known session. */
+static void admit(server *sv, sreq *r) {
+  sess *s = r->s;
+  const uint16_t op = r->req.h.opcode;
+  if (sv->draining) {
+    reply(sv, r, -ESHUTDOWN);
+    return;
+  }
+  if (s->tenant < 0 && op != KVT_PROTO_STATS) {
+    reply(sv, r, KVT_EAUTH); /* a stats-only session */
+    return;
+  }
+  if (op == KVT_PROTO_PUT && r->req.u.data.len > sv->cfg->max_request) {
+    atomic_fetch_add(&sv->too_big, 1);
+    reply(sv, r, KVT_ETOOBIG);
+    return;
+  }
+  r->charge = 0;
+  if (op == KVT_PROTO_PUT)
+    r->charge = r->req.u.data.len;
+  else if (op == KVT_PROTO_GET)
+    r->charge = r->req.u.data.len < sv->cfg->max_request ? r->req.u.data.len : sv->cfg->max_request;
+  if (r->charge && s->inflight && s->inflight + r->charge > sv->cfg->max_inflight) {
+    atomic_fetch_add(&sv->deferred, 1);
+    r->state = RS_DEFERRED;
+    r->next = NULL;
+    if (s->def_tail)
+      s->def_tail->next = r;
+    else
+      s->def_head = r;
+    s->def_tail = r;
+    return;
+  }
+  start(sv, r);
+}
+
+static void on_recv(server *sv, sreq *r, const kvt_fab_comp *c) {
+  r->state = RS_IDLE;
+  r->s = NULL;
+  r->temp_addr = KVT_FAB_ADDR_NONE;
+  r->charge = 0;
+  if (c->err) {
+    if (c->err != -ECANCELED)
+      fprintf(stderr, "kvtier-server: receive failed: %s\n", kvt_fab_error(sv->fab));
+    post_recv(sv, r);
+    return;
+  }
+  if (kvt_proto_decode(r->rbuf, c->len, &r->req) != 0 || (r->req.h.opcode & KVT_PROTO_REPLY)) {
+    post_recv(sv, r); /* malformed: dropped (there may be no one to tell) */
+    return;
+  }
+  if (r->req.h.opcode == KVT_PROTO_HELLO) {
+    on_hello(sv, r);
+    return;
+  }
+  sess *s = sess_find(sv, r->req.h.session);
+  if (!s) {
+    post_recv(sv, r);
+    return;
+  }
+  if (r->req.h.opcode == KVT_PROTO_BYE) {
+    s->dead = 1;
+    if (s->outstanding == 0)
+      sess_free(sv, s);
+    post_recv(sv, r);
+    return;
+  }
+  s->last = now_s();
+  s->outstanding++;
+  r->s = s;
+  admit(sv, r);
+}
+
+static void on_rma_done(server *sv, sreq *r, const kvt_fab_comp *c) {
+  if (c->err) {
+    reply(sv, r, c->err); /* the client's buffer went away: it gets an error, if it listens */
+    return;
+  }
+  if (r->rma_off < r->rma_len) {
+    post_rma(sv, r);
+    return;
+  }
+  if (r->req.h.opcode == KVT_PROTO_PUT)
+    to_workers(sv, r);
+  else
+    reply(sv, r, 0);
+}
+
+static void on_work_done(server *sv, sreq *r) {
+  if (r->req.h.opcode == KVT_PROTO_GET && r->status == 0 && r->out_len) {
+    r->rma_off = 0;
+    r->rma_len = r->out_len;
+    post_rma(sv, r);
+    return;
+  }
+  reply(sv, r, r->status);
+}
+
+static void on_completion(server *sv, const kvt_fab_comp *c) {
+  sreq *r = c->ctx->owner;
+  switch (c->ctx->kind) {
+  case K_RECV:
+    on_recv(sv, r, c);
+    break;
+  case K_RMA:
+    on_rma_done(sv, r, c);
+    break;
+  default: /* K_SEND: the reply went out (or the peer is gone) */
+    if (c->err && r->s)
+      r->s->dead = 1;
+    finish(sv, r);
+  }
+}
+
+/* ---- setup and the loop ---- */
+
+static void say_ready(server *sv) {
+  uint8_t addr[KVT_PROTO_ADDR_MAX];
+  size_t len = sizeof(addr);
+  char host[INET6_ADDRSTRLEN] = "?";
+  unsigned port = 0;
+  if (kvt_fab_getname(sv->fab, addr, &len) == 0) {
+    const struct sockaddr *sa = (const struct sockaddr *)addr;
+    if (sa->sa_family == AF_INET) {
+      const struct sockaddr_in *in = (const struct sockaddr_in *)addr;
+      inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+      port = ntohs(in->sin_port);
+    } else if (sa->sa_family == AF_INET6) {
+      const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)addr;
+      inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof(host));
+      port = ntohs(in->sin6_port);
+    }
+  }
+  printf("kvtier-server: ready on %s:%u (provider %s, %d tenants)\n", host, port,
+         kvt_fab_provider(sv->fab), sv->cfg->n_tenants);
+  fflush(stdout);
+}
+
+static int setup(server *sv) {
+  char err[512];
+  kvt_fab_config fc = {.provider = sv->cfg->provider, .node = sv->cfg->host,
+                       .service = sv->cfg->port, .cq_depth = 4 * NREQ};
+  int rc = kvt_fab_open(&fc, &sv->fab, err, sizeof(err));
+  if (rc) {
+    fprintf(stderr, "kvtier-server: opening the endpoint: %s\n", err);
+    return rc;
+  }
+  const size_t pool = (size_t)NREQ * 2 * KVT_PROTO_MSG_MAX;
+  if (posix_memalign((void **)&sv->pool, 4096, pool) != 0)
+    return -ENOMEM;
+  if ((rc = kvt_fab_mr_reg(sv->fab, sv->pool, pool, KVT_FAB_LOCAL, &sv->pool_mr)) != 0) {
+    fprintf(stderr, "kvtier-server: registering buffers: %s\n", kvt_fab_error(sv->fab));
+    return rc;
+  }
+  for (int i = 0; i < NREQ; i++) {
+    sreq *r = &sv->req[i];
+    r->rbuf = sv->pool + (size_t)i * 2 * KVT_PROTO_MSG_MAX;
+    r->msg = r->rbuf + KVT_PROTO_MSG_MAX;
+    r->rctx = (kvt_fab_ctx){.owner = r, .kind = K_RECV};
+    r->sctx = (kvt_fab_ctx){.owner = r, .kind = K_SEND};
+    r->actx = (kvt_fab_ctx){.owner = r, .kind = K_RMA};
+    r->temp_addr = KVT_FAB_ADDR_NONE;
+    post_recv(sv, r);
+  }
+  return 0;
+}
+
+static void take_done(server *sv) {
+  pthread_mutex_lock(&sv->mu);
+  sreq *r = sv->done_head;
+  sv->done_head = sv->done_tail = NULL;
+  pthread_mutex_unlock(&sv->mu);
+  while (r) {
+    sreq *next = r->next;
+    on_work_done(sv, r);
+    r = next;
+  }
+}
+
+static void serve(server *sv, volatile sig_atomic_t *stop) {
+  int64_t drain_deadline = 0;
+  for (;;) {
+    kvt_fab_comp c[64];
+    const int n = kvt_fab_poll(sv->fab, c, 64);
+    for (int i = 0; i < n; i++)
+      on_completion(sv, &c[i]);
+    take_done(sv);
+    if (*stop && !sv->draining) {
+      sv->draining = 1;
+      drain_deadline = now_s() + DRAIN_S;
+      for (int i = 0; i < NREQ; i++) /* posted receives stay posted; no new work starts */
+        if (sv->req[i].state == RS_POSTED)
+          sv->req[i].state = RS_IDLE;
+    }
+    if (sv->draining) {
+      int busy = 0;
+      for (int i = 0; i < NREQ; i++)
+        busy += sv->req[i].state != RS_IDLE;
+      if (!busy)
+        break;
+      if (now_s() > drain_deadline) {
+        fprintf(stderr, "kvtier-server: %d requests still in progress after %d s; closing\n",
+                busy, DRAIN_S);
+        break;
+      }
+    }
+    if (n <= 0)
+      kvt_fab_wait(sv->fab, sv->wake_fd, 100);
+    uint64_t v;
+    ssize_t rr = read(sv->wake_fd, &v, sizeof(v));
+    (void)rr;
+  }
+}
+
+static void teardown(server *sv) {
+  pthread_mutex_lock(&sv->mu);
+  sv->stop_workers = 1;
+  pthread_cond_broadcast(&sv->cv);
+  pthread_mutex_unlock(&sv->mu);
+  for (int i = 0; i < sv->n_threads; i++)
+    pthread_join(sv->threads[i], NULL);
+  free(sv->threads);
+  for (int i = 0; i < NREQ; i++) {
+    sreq *r = &sv->req[i];
+    if (r->stage)
+      buf_put(sv, r->stage);
+    if (r->lent) { /* the drain timed out with this GET in progress */
+      kvt_fab_mr_dereg(&r->lend_mr);
+      srv_store_get_unlend(sv->st, &r->g);
+      srv_store_get_end(sv->st, &r->g, 0);
+    }
+    free(r->list);
+  }
+  for (int c = 0; c < BUF_CLASSES; c++)
+    for (sbuf *b = sv->free_bufs[c], *next; b; b = next) {
+      next = b->next;
+      buf_free(b);
+    }
+  kvt_fab_mr_dereg(&sv->pool_mr);
+  kvt_fab_close(sv->fab);
+  free(sv->pool);
+  pthread_mutex_destroy(&sv->buf_mu);
+  pthread_mutex_destroy(&sv->mu);
+  pthread_cond_destroy(&sv->cv);
+}
+
+int srv_net_run(const srv_config *cfg, srv_store *st, volatile sig_atomic_t *stop, int wake_fd) {
+  server *sv = calloc(1, sizeof(*sv));
+  if (!sv)
+    return -ENOMEM;
+  sv->cfg = cfg;
+  sv->st = st;
+  sv->wake_fd = wake_fd;
+  sv->started = now_s();
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  sv->salt = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^
+             (uint64_t)ts.tv_sec;
+  pthread_mutex_init(&sv->mu, NULL);
+  pthread_mutex_init(&sv->buf_mu, NULL);
+  pthread_cond_init(&sv->cv, NULL);
+  int rc = setup(sv);
+  sv->threads = calloc((size_t)cfg->workers, sizeof(pthread_t));
+  for (int i = 0; rc == 0 && i < cfg->workers; i++) {
+    if (!sv->threads || pthread_create(&sv->threads[i], NULL, worker_main, sv) != 0) {
+      rc = -EAGAIN;
+      break;
+    }
+    sv->n_threads++;
+  }
+  if (rc == 0) {
+    say_ready(sv);
+    serve(sv, stop);
+  }
+  teardown(sv);
+  free(sv);
+  return rc;
+}

@@ -1,0 +1,697 @@
+/* tests/test_server.c - kvtier-server as its clients and operators see it,
+ * run as a child process on 127.0.0.1 (tests/server_fixture.h): wrong tokens
+ * refused at open, tenants isolated from each other, oversize requests
+ * refused, eight clients at once, SIGTERM exits 0 and a restart finds the
+ * NVMe values, kill -9 in the middle of a run never yields wrong bytes and
+ * the clients recover, malformed messages and requests under sessions the
+ * server never opened change nothing, stats by request and as Prometheus
+ * text. Skips (77)
+ * without kvtier-server or the provider. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "../transport/kvt_proto.h"
+#include "../transport/kvt_transport.h"
+#include "kvtier.h"
+#include "server_fixture.h"
+#include "tier_test_util.h"
+
+static kvt_ctx *ctx;
+
+static int open_tier(const srv_fixture *f, const char *tenant, const char *token, int timeout_ms,
+                     kvt_tier **t) {
+  char spec[256];
+  srv_spec(f, spec, sizeof(spec), tenant, token, timeout_ms, NULL);
+  return kvt_tier_open(ctx, spec, t);
+}
+
+static kvt_key key_of(uint32_t a, uint32_t b) {
+  kvt_key k;
+  memset(&k, 0x3C, sizeof(k));
+  memcpy(k.bytes, &a, 4);
+  memcpy(k.bytes + 4, &b, 4);
+  return k;
+}
+
+static void start_or_fail(srv_fixture *f) {
+  if (srv_start(f) != 0)
+    fail_msg("kvtier-server did not start");
+}
+
+static void stop_cleanly(srv_fixture *f) {
+  const int st = srv_stop(f, SIGTERM, 20);
+  if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    fail_msg("kvtier-server did not exit 0 on SIGTERM (status %d)", st);
+}
+
+/* ---- authentication and tenants ---- */
+
+static const char *two_tenants[] = {"--tiers", "dram:32MiB", "--tenant", "alice:secret-a",
+                                    "--tenant", "bob:secret-b", NULL};
+
+static void test_wrong_token_or_unknown_tenant_is_refused_at_open(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  memcpy(f.args, two_tenants, sizeof(two_tenants));
+  start_or_fail(&f);
+  kvt_tier *t = NULL;
+  assert_int_equal(open_tier(&f, "alice", "secret-b", 3000, &t), KVT_EAUTH);
+  assert_null(t);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "alice"));
+  assert_int_equal(open_tier(&f, "mallory", "secret-a", 3000, &t), KVT_EAUTH);
+  assert_int_equal(open_tier(&f, "alice", "", 3000, &t), KVT_EAUTH);
+  assert_int_equal(open_tier(&f, "alice", "secret-a", 3000, &t), 0);
+  kvt_tier_close(t);
+  stop_cleanly(&f);
+}
+
+typedef struct seen {
+  int n;
+  kvt_key keys[16];
+} seen;
+
+static int collect(void *opaque, const kvt_key *key, uint64_t len) {
+  seen *s = opaque;
+  (void)len;
+  if (s->n < 16)
+    s->keys[s->n] = *key;
+  s->n++;
+  return 0;
+}
+
+static void test_tenants_cannot_read_delete_or_list_each_others_keys(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  memcpy(f.args, two_tenants, sizeof(two_tenants));
+  start_or_fail(&f);
+  kvt_tier *a, *b;
+  assert_int_equal(open_tier(&f, "alice", "secret-a", 3000, &a), 0);
+  assert_int_equal(open_tier(&f, "bob", "secret-b", 3000, &b), 0);
+  const kvt_key k = key_of(1, 1);
+  uint8_t va[1000], vb[700], got[1000];
+  fill(va, sizeof(va), 1);
+  fill(vb, sizeof(vb), 2);
+  uint64_t len = 0;
+  assert_int_equal(kvt_tier_put(a, &k, va, sizeof(va)), 0);
+  assert_int_equal(kvt_tier_get(b, &k, got, sizeof(got), &len), KVT_ENOTFOUND);
+  assert_int_equal(kvt_tier_query(b, &k, &len), KVT_ENOTFOUND);
+  assert_int_equal(kvt_tier_del(b, &k), KVT_ENOTFOUND);
+  seen sb = {0};
+  assert_int_equal(kvt_tier_list(b, collect, &sb), 0);
+  assert_int_equal(sb.n, 0);
+  /* The same key in bob's namespace is bob's own value. */
+  assert_int_equal(kvt_tier_put(b, &k, vb, sizeof(vb)), 0);
+  assert_int_equal(kvt_tier_get(a, &k, got, sizeof(got), &len), 0);
+  assert_int_equal(len, sizeof(va));
+  assert_memory_equal(got, va, sizeof(va));
+  assert_int_equal(kvt_tier_get(b, &k, got, sizeof(got), &len), 0);
+  assert_int_equal(len, sizeof(vb));
+  assert_memory_equal(got, vb, sizeof(vb));
+  assert_int_equal(kvt_tier_del(b, &k), 0);
+  assert_int_equal(kvt_tier_get(a, &k, got, sizeof(got), &len), 0); /* alice's untouched */
+  seen sa = {0};
+  assert_int_equal(kvt_tier_list(a, collect, &sa), 0);
+  assert_int_equal(sa.n, 1);
+  assert_memory_equal(sa.keys[0].bytes, k.bytes, 16);
+  kvt_tier_stats s = {.struct_size = sizeof(s)};
+  assert_int_equal(kvt_tier_stats_get(b, &s), 0);
+  assert_int_equal(s.items, 0); /* bob's count, not the server's */
+  kvt_tier_close(a);
+  kvt_tier_close(b);
+  stop_cleanly(&f);
+}
+
+/* ---- limits ---- */
+
+static void test_oversize_put_is_refused_with_etoobig(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  const char *args[] = {"--tiers", "dram:16MiB", "--max-request", "1MiB", NULL};
+  memcpy(f.args, args, sizeof(args));
+  start_or_fail(&f);
+  kvt_tier *t;
+  assert_int_equal(open_tier(&f, "default", "", 3000, &t), 0);
+  const size_t big = (1u << 20) + 1;
+  uint8_t *v = malloc(big), *got = malloc(big);
+  assert_true(v && got);
+  fill(v, big, 3);
+  const kvt_key k = key_of(2, 1);
+  assert_int_equal(kvt_tier_put(t, &k, v, big), KVT_ETOOBIG);
+  uint64_t len = 0;
+  assert_int_equal(kvt_tier_query(t, &k, &len), KVT_ENOTFOUND);
+  assert_int_equal(kvt_tier_put(t, &k, v, big - 1), 0); /* the limit itself is fine */
+  assert_int_equal(kvt_tier_get(t, &k, got, big, &len), 0);
+  assert_int_equal(len, big - 1);
+  assert_memory_equal(got, v, big - 1);
+  free(v);
+  free(got);
+  kvt_tier_close(t);
+  stop_cleanly(&f);
+}
+
+/* ---- many clients ---- */
+
+#define CLIENTS 8
+#define ROUNDS 60
+#define BATCH 16
+
+typedef struct client {
+  char spec[256]; /* built before the thread starts: the fixture is the main thread's */
+  uint32_t id;
+  const char *failed;
+  int rc;
+} client;
+
+/* One round: a batch of async PUTs (more bytes than --max-inflight, so the
+ * server defers some), then GETs of all of them, checked. */
+static const char *client_round(kvt_tier *t, client *c, uint32_t round, uint8_t *bufs,
+                                size_t cap) {
+  kvt_tier_op ops[BATCH], *ptrs[BATCH], *done[BATCH];
+  for (int pass = 0; pass < 2; pass++) {
+    for (uint32_t i = 0; i < BATCH; i++) {
+      const uint64_t n = 1 + (round * 7919u + i * 104729u) % cap;
+      uint8_t *b = bufs + i * cap;
+      const kvt_key k = key_of(100 + c->id, round * BATCH + i);
+      if (pass == 0)
+        fill(b, n, ((uint64_t)c->id << 32) | (round * BATCH + i));
+      kvt_tier_op_init(&ops[i], pass ? KVT_TIER_GET : KVT_TIER_PUT, &k, pass ? malloc(cap) : b,
+                       pass ? cap : n, i);
+      if (!ops[i].buf)
+        return "out of memory";
+      ptrs[i] = &ops[i];
+    }
+    int sub = 0, got = 0;
+    while (sub < BATCH) {
+      const int r = kvt_tier_submit(t, ptrs + sub, (size_t)(BATCH - sub));
+      if (r < 0)
+        return "submit";
+      sub += r;
+    }
+    const time_t deadline = time(NULL) + 30;
+    while (got < BATCH && time(NULL) < deadline) {
+      const int r = kvt_tier_poll(t, done + got, (size_t)(BATCH - got), 200);
+      if (r < 0)
+        return "poll";
+      got += r;
+    }
+    if (got < BATCH)
+      return "completions missing after 30 s";
+    for (uint32_t i = 0; i < BATCH; i++) {
+      c->rc = ops[i].result;
+      if (ops[i].result != 0) {
+        if (pass)
+          free(ops[i].buf);
+        return pass ? "get" : "put";
+      }
+      if (pass) {
+        const uint64_t n = 1 + (round * 7919u + i * 104729u) % cap;
+        const int ok = ops[i].out_len == n && memcmp(ops[i].buf, bufs + i * cap, n) == 0;
+        free(ops[i].buf);
+        if (!ok)
+          return "get returned other bytes";
+      }
+    }
+  }
+  return NULL;
+}
+
+static void *client_main(void *arg) {
+  client *c = arg;
+  kvt_tier *t = NULL;
+  kvt_ctx *own = NULL; /* a context's error detail is for one thread */
+  const size_t cap = 96 * 1024;
+  uint8_t *bufs = malloc(BATCH * cap);
+  if (!bufs || kvt_ctx_create(NULL, &own) != 0 || (c->rc = kvt_tier_open(own, c->spec, &t)) != 0) {
+    c->failed = "open";
+    free(bufs);
+    kvt_ctx_destroy(own);
+    return NULL;
+  }
+  for (uint32_t r = 0; r < ROUNDS && !c->failed; r++)
+    c->failed = client_round(t, c, r, bufs, cap);
+  kvt_tier_close(t);
+  kvt_ctx_destroy(own);
+  free(bufs);
+  return NULL;
+}
+
+static int run_stats_cli(const srv_fixture *f, char *out, size_t cap) {
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd), "%s --stats 127.0.0.1:%d", SRV_BIN, f->port);
+  FILE *p = popen(cmd, "r");
+  if (!p)
+    return -1;
+  const size_t n = fread(out, 1, cap - 1, p);
+  out[n] = 0;
+  return pclose(p);
+}
+
+static uint64_t prom_value(const char *text, const char *name) {
+  char pat[128];
+  snprintf(pat, sizeof(pat), "\n%s ", name);
+  const char *at = strstr(text, pat);
+  return at ? strtoull(at + strlen(pat), NULL, 10) : UINT64_MAX;
+}
+
+static void test_eight_clients_at_once_each_get_their_own_bytes(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  const char *args[] = {"--tiers", "dram:256MiB", "--max-inflight", "256KiB", NULL};
+  memcpy(f.args, args, sizeof(args));
+  start_or_fail(&f);
+  client c[CLIENTS];
+  pthread_t th[CLIENTS];
+  for (uint32_t i = 0; i < CLIENTS; i++) {
+    c[i] = (client){.id = i};
+    srv_spec(&f, c[i].spec, sizeof(c[i].spec), "default", "", 20000, NULL);
+    assert_int_equal(pthread_create(&th[i], NULL, client_main, &c[i]), 0);
+  }
+  for (int i = 0; i < CLIENTS; i++)
+    pthread_join(th[i], NULL);
+  for (int i = 0; i < CLIENTS; i++)
+    if (c[i].failed)
+      fail_msg("client %d: %s (%s)", i, c[i].failed, kvt_err_name(c[i].rc));
+  static char text[16384];
+  assert_int_equal(run_stats_cli(&f, text, sizeof(text)), 0);
+  /* Every value is held, or was dropped for room (the store is smaller
+   * than what the clients put: --evict lru). */
+  assert_int_equal(prom_value(text, "kvtier_server_items") +
+                       prom_value(text, "kvtier_server_evictions_total"),
+                   (uint64_t)CLIENTS * ROUNDS * BATCH);
+  assert_true(prom_value(text, "kvtier_server_used_bytes") <= 256u << 20);
+  assert_true(prom_value(text, "kvtier_server_deferred_total") > 0); /* the bound held them */
+  stop_cleanly(&f);
+}
+
+/* ---- stats ---- */
+
+static void test_stats_request_and_prometheus_text(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  const char *args[] = {"--tiers", "dram:8MiB", NULL};
+  memcpy(f.args, args, sizeof(args));
+  start_or_fail(&f);
+  kvt_tier *t;
+  assert_int_equal(open_tier(&f, "default", "", 3000, &t), 0);
+  uint8_t v[5000];
+  fill(v, sizeof(v), 9);
+  for (uint32_t i = 0; i < 3; i++) {
+    const kvt_key k = key_of(3, i);
+    assert_int_equal(kvt_tier_put(t, &k, v, sizeof(v)), 0);
+  }
+  kvt_tier_stats s = {.struct_size = sizeof(s)};
+  assert_int_equal(kvt_tier_stats_get(t, &s), 0);
+  assert_int_equal(s.capacity, 8u << 20);
+  assert_int_equal(s.items, 3);
+  assert_true(s.used >= 3 * sizeof(v));
+  static char text[16384];
+  assert_int_equal(run_stats_cli(&f, text, sizeof(text)), 0);
+  assert_non_null(strstr(text, "# TYPE kvtier_server_puts_total counter\n"));
+  assert_non_null(strstr(text, "# TYPE kvtier_server_capacity_bytes gauge\n"));
+  assert_int_equal(prom_value(text, "kvtier_server_puts_total"), 3);
+  assert_int_equal(prom_value(text, "kvtier_server_capacity_bytes"), 8u << 20);
+  assert_int_equal(prom_value(text, "kvtier_server_sessions"), 2); /* the tier's and --stats' */
+  kvt_tier_close(t);
+  stop_cleanly(&f);
+}
+
+/* ---- hostile peers ---- */
+
+/* Sends len bytes of buf to the server from a raw endpoint and drives it a
+ * little; nothing is expected back. */
+static void send_raw(kvt_fab *f, uint64_t to, uint8_t *buf, size_t len, void *desc) {
+  kvt_fab_ctx sent = {0};
+  int rc = -EAGAIN;
+  for (int i = 0; i < 20 && rc == -EAGAIN; i++)
+    rc = kvt_fab_send(f, to, buf, len, desc, &sent);
+  assert_int_equal(rc, 0);
+  for (int i = 0; i < 500; i++) {
+    kvt_fab_comp c[4];
+    const int n = kvt_fab_poll(f, c, 4);
+    for (int j = 0; j < n; j++)
+      if (c[j].ctx == &sent)
+        return;
+    kvt_fab_wait(f, -1, 2);
+  }
+}
+
+static void test_malformed_and_unauthenticated_requests_leave_the_server_serving(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  const char *args[] = {"--tiers", "dram:8MiB", "--tenant", "alice:a", NULL};
+  memcpy(f.args, args, sizeof(args));
+  start_or_fail(&f);
+  kvt_tier *t;
+  assert_int_equal(open_tier(&f, "alice", "a", 3000, &t), 0);
+  const kvt_key k = key_of(6, 0);
+  uint8_t v[300], got[300];
+  fill(v, sizeof(v), 6);
+  assert_int_equal(kvt_tier_put(t, &k, v, sizeof(v)), 0);
+
+  char err[256], port[16];
+  snprintf(port, sizeof(port), "%d", f.port);
+  kvt_fab *raw = NULL;
+  kvt_fab_config fc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .peer_node = "127.0.0.1",
+                       .peer_service = port};
+  assert_int_equal(kvt_fab_open(&fc, &raw, err, sizeof(err)), 0);
+  uint64_t to;
+  assert_int_equal(kvt_fab_av_insert_host(raw, "127.0.0.1", port, &to), 0);
+  static uint8_t buf[KVT_PROTO_MSG_MAX];
+  kvt_fab_mr mr;
+  assert_int_equal(kvt_fab_mr_reg(raw, buf, sizeof(buf), KVT_FAB_LOCAL, &mr), 0);
+  /* Garbage, a wrong version, a truncated header. */
+  fill(buf, 200, 1);
+  send_raw(raw, to, buf, 200, mr.desc);
+  kvt_proto_msg m;
+  size_t len = 0;
+  kvt_proto_init(&m, KVT_PROTO_STATS, 1, 0);
+  assert_int_equal(kvt_proto_encode(&m, buf, sizeof(buf), &len), 0);
+  buf[4] = 9;
+  send_raw(raw, to, buf, len, mr.desc);
+  send_raw(raw, to, buf, 10, mr.desc);
+  /* Requests under sessions it never opened: ids with only slot bits (the
+   * tier's session among them, by slot; its other 54 bits are random). */
+  for (uint64_t sess = 0; sess < 1024; sess += 97) {
+    kvt_proto_init(&m, KVT_PROTO_DEL, 2, sess);
+    m.u.key.key = k;
+    assert_int_equal(kvt_proto_encode(&m, buf, sizeof(buf), &len), 0);
+    send_raw(raw, to, buf, len, mr.desc);
+    kvt_proto_init(&m, KVT_PROTO_GET, 3, sess);
+    m.u.data.key = k;
+    m.u.data.len = 4096;
+    m.u.data.rma_addr = 0x1000;
+    m.u.data.rma_key = 1;
+    assert_int_equal(kvt_proto_encode(&m, buf, sizeof(buf), &len), 0);
+    send_raw(raw, to, buf, len, mr.desc);
+  }
+  kvt_fab_mr_dereg(&mr);
+  kvt_fab_close(raw);
+  /* Still serving, alice's value untouched. */
+  uint64_t n = 0;
+  assert_int_equal(kvt_tier_get(t, &k, got, sizeof(got), &n), 0);
+  assert_int_equal(n, sizeof(v));
+  assert_memory_equal(got, v, sizeof(v));
+  kvt_tier_close(t);
+  stop_cleanly(&f);
+}
+
+/* ---- shutdown, restart, kill -9 ---- */
+
+static void test_sigterm_exits_0_and_a_restart_has_the_nvme_values(void **state) {
+  (void)state;
+  char dir[256], tiers[400];
+  assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(tiers, sizeof(tiers), "dram:1MiB;nvme:%s:64MiB", dir);
+  srv_fixture f = {0};
+  const char *args[] = {"--tiers", tiers, "--tenant", "alice:a", "--tenant", "bob:b", NULL};
+  memcpy(f.args, args, sizeof(args));
+  start_or_fail(&f);
+  kvt_tier *t, *u;
+  assert_int_equal(open_tier(&f, "alice", "a", 3000, &t), 0);
+  assert_int_equal(open_tier(&f, "bob", "b", 3000, &u), 0);
+  enum { N = 20, SZ = 300 * 1024 }; /* more than the DRAM tier holds */
+  uint8_t *v = malloc(SZ), *got = malloc(SZ);
+  assert_true(v && got);
+  for (uint32_t i = 0; i < N; i++) {
+    const kvt_key k = key_of(4, i);
+    fill(v, SZ - i, i);
+    assert_int_equal(kvt_tier_put(t, &k, v, SZ - i), 0);
+  }
+  const kvt_key kb = key_of(4, 0);
+  assert_int_equal(kvt_tier_put(u, &kb, v, 10), 0);
+  kvt_tier_close(t);
+  kvt_tier_close(u);
+  stop_cleanly(&f);
+  start_or_fail(&f); /* same port, same directory */
+  assert_int_equal(open_tier(&f, "alice", "a", 3000, &t), 0);
+  for (uint32_t i = 0; i < N; i++) {
+    const kvt_key k = key_of(4, i);
+    uint64_t len = 0;
+    fill(v, SZ - i, i);
+    assert_int_equal(kvt_tier_get(t, &k, got, SZ, &len), 0);
+    assert_int_equal(len, SZ - i);
+    assert_memory_equal(got, v, len);
+  }
+  seen s = {0};
+  assert_int_equal(kvt_tier_list(t, collect, &s), 0); /* owners come back from the records */
+  assert_int_equal(s.n, N);
+  kvt_tier_stats st = {.struct_size = sizeof(st)};
+  assert_int_equal(kvt_tier_stats_get(t, &st), 0);
+  assert_int_equal(st.items, N);
+  kvt_tier_close(t);
+  stop_cleanly(&f);
+  srv_rmdir(dir);
+  free(v);
+  free(got);
+}
+
+#define K_THREADS 4
+#define K_KEYS 16
+#define K_MAX (64 * 1024)
+#define K_HEAD 16
+
+typedef struct killer {
+  char spec[256];
+  uint32_t id;
+  atomic_int *stop;
+  atomic_uint *max_version; /* [K_KEYS] per thread: the highest version put (attempted) */
+  uint64_t ok_before, ok_after, errors, misses;
+  atomic_int *phase; /* 0 before the kill, 1 after the restart */
+  const char *wrong;
+  int64_t longest_ms;
+} killer;
+
+static uint64_t k_len(uint32_t id, uint32_t key, uint32_t ver) {
+  return K_HEAD + ((uint64_t)id * 7717 + key * 131 + ver * 977) % (K_MAX - K_HEAD);
+}
+
+static void k_value(uint8_t *p, uint32_t id, uint32_t key, uint32_t ver) {
+  const uint64_t n = k_len(id, key, ver);
+  memcpy(p, &id, 4);
+  memcpy(p + 4, &key, 4);
+  memcpy(p + 8, &ver, 4);
+  memset(p + 12, 0, 4);
+  fill(p + K_HEAD, n - K_HEAD, ((uint64_t)id << 40) | ((uint64_t)key << 20) | ver);
+}
+
+static int64_t ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* What a GET returned must be exactly one version ever put for that key. */
+static const char *k_check(const killer *w, uint32_t key, const uint8_t *got, uint64_t len,
+                           uint8_t *scratch) {
+  uint32_t id, k, ver;
+  if (len < K_HEAD)
+    return "short value";
+  memcpy(&id, got, 4);
+  memcpy(&k, got + 4, 4);
+  memcpy(&ver, got + 8, 4);
+  if (id != w->id || k != key || ver > atomic_load(&w->max_version[key]))
+    return "a value of another key, thread or a version never put";
+  if (len != k_len(id, k, ver))
+    return "wrong length for its version";
+  k_value(scratch, id, k, ver);
+  return memcmp(scratch, got, len) == 0 ? NULL : "bytes differ from what was put";
+}
+
+static void *killer_main(void *arg) {
+  killer *w = arg;
+  kvt_tier *t = NULL;
+  uint8_t *v = malloc(K_MAX), *got = malloc(K_MAX), *scratch = malloc(K_MAX);
+  uint32_t ver[K_KEYS] = {0};
+  kvt_ctx *own = NULL;
+  int rc = kvt_ctx_create(NULL, &own);
+  for (int i = 0; rc == 0 && i < 20; i++) { /* timeout_ms is short: a slow start may miss it */
+    if ((rc = kvt_tier_open(own, w->spec, &t)) == 0)
+      break;
+    if (i < 19)
+      rc = 0, nanosleep(&(struct timespec){0, 250000000}, NULL);
+  }
+  if (rc || !v || !got || !scratch) {
+    w->wrong = "open";
+    goto out;
+  }
+  for (uint32_t it = 0; !atomic_load(w->stop) && !w->wrong; it++) {
+    const uint32_t key = (it / 2) % K_KEYS; /* a PUT of a key, then a GET of it */
+    const kvt_key k = key_of(200 + w->id, key);
+    const int64_t t0 = ms_now();
+    if (it % 2 == 0) {
+      const uint32_t nv = ++ver[key];
+      atomic_store(&w->max_version[key], nv);
+      k_value(v, w->id, key, nv);
+      rc = kvt_tier_put(t, &k, v, k_len(w->id, key, nv));
+    } else {
+      uint64_t len = 0;
+      rc = kvt_tier_get(t, &k, got, K_MAX, &len);
+      if (rc == 0)
+        w->wrong = k_check(w, key, got, len, scratch);
+      w->misses += rc == KVT_ENOTFOUND;
+    }
+    const int64_t took = ms_now() - t0;
+    if (took > w->longest_ms)
+      w->longest_ms = took;
+    if (rc == 0)
+      __atomic_fetch_add(atomic_load(w->phase) ? &w->ok_after : &w->ok_before, 1,
+                         __ATOMIC_RELAXED); /* the main thread watches ok_before */
+    else if (rc != KVT_ENOTFOUND) {
+      w->errors++;
+      struct timespec ts = {0, 20000000};
+      nanosleep(&ts, NULL);
+    }
+  }
+out:
+  kvt_tier_close(t);
+  kvt_ctx_destroy(own);
+  free(v);
+  free(got);
+  free(scratch);
+  return NULL;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover(void **state) {
+  (void)state;
+  char dir[256], tiers[400];
+  assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(tiers, sizeof(tiers), "dram:4MiB;nvme:%s:256MiB", dir);
+  srv_fixture f = {0};
+  const char *args[] = {"--tiers", tiers, NULL};
+  memcpy(f.args, args, sizeof(args));
+  start_or_fail(&f);
+  atomic_int stop = 0, phase = 0;
+  static atomic_uint maxv[K_THREADS][K_KEYS];
+  killer w[K_THREADS];
+  pthread_t th[K_THREADS];
+  for (uint32_t i = 0; i < K_THREADS; i++) {
+    w[i] = (killer){.id = i, .stop = &stop, .max_version = maxv[i], .phase = &phase};
+    srv_spec(&f, w[i].spec, sizeof(w[i].spec), "default", "", 1000, NULL);
+    assert_int_equal(pthread_create(&th[i], NULL, killer_main, &w[i]), 0);
+  }
+  /* Kill once every client is well under way (slow builds take longer). */
+  for (int i = 0, all = 0; i < 300 && !all; i++) {
+    sleep_ms(100);
+    all = i >= 15;
+    for (int j = 0; j < K_THREADS; j++)
+      all = all && __atomic_load_n(&w[j].ok_before, __ATOMIC_RELAXED) >= 20;
+  }
+  srv_kill9(&f);
+  sleep_ms(1500); /* every client sees the server gone */
+  start_or_fail(&f);
+  atomic_store(&phase, 1);
+  sleep_ms(3000);
+  atomic_store(&stop, 1);
+  for (int i = 0; i < K_THREADS; i++)
+    pthread_join(th[i], NULL);
+  for (int i = 0; i < K_THREADS; i++) {
+    print_message("client %d: %llu ok before the kill, %llu after the restart, %llu errors, "
+                  "%llu misses, longest op %lld ms\n",
+                  i, (unsigned long long)w[i].ok_before, (unsigned long long)w[i].ok_after,
+                  (unsigned long long)w[i].errors, (unsigned long long)w[i].misses,
+                  (long long)w[i].longest_ms);
+    if (w[i].wrong)
+      fail_msg("client %d: %s", i, w[i].wrong);
+    if (w[i].ok_before == 0 || w[i].ok_after == 0)
+      fail_msg("client %d: %llu ops ok before the kill, %llu after the restart", i,
+               (unsigned long long)w[i].ok_before, (unsigned long long)w[i].ok_after);
+    if (w[i].longest_ms > 5000) /* timeout_ms=1000 bounds every wait */
+      fail_msg("client %d: an op took %lld ms", i, (long long)w[i].longest_ms);
+  }
+  stop_cleanly(&f);
+  srv_rmdir(dir);
+}
+
+static void test_dead_server_fails_ops_and_the_same_tier_reconnects(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  const char *args[] = {"--tiers", "dram:8MiB", NULL};
+  memcpy(f.args, args, sizeof(args));
+  start_or_fail(&f);
+  kvt_tier *t;
+  assert_int_equal(open_tier(&f, "default", "", 1000, &t), 0);
+  uint8_t v[100] = {1};
+  const kvt_key k = key_of(5, 0);
+  assert_int_equal(kvt_tier_put(t, &k, v, sizeof(v)), 0);
+  stop_cleanly(&f);
+  const int64_t t0 = ms_now();
+  const int rc = kvt_tier_put(t, &k, v, sizeof(v));
+  assert_true(rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -ECONNRESET || rc == -EIO);
+  assert_true(ms_now() - t0 < 5000);
+  start_or_fail(&f); /* empty DRAM: the old value is gone, the tier works again */
+  int ok = -1;
+  for (int i = 0; i < 50 && ok != 0; i++) { /* retries while the client notices */
+    ok = kvt_tier_put(t, &k, v, sizeof(v));
+    if (ok)
+      sleep_ms(100);
+  }
+  assert_int_equal(ok, 0);
+  uint8_t got[100];
+  uint64_t len = 0;
+  assert_int_equal(kvt_tier_get(t, &k, got, sizeof(got), &len), 0);
+  assert_memory_equal(got, v, sizeof(v));
+  kvt_tier_close(t);
+  stop_cleanly(&f);
+}
+
+static int setup(void **state) {
+  (void)state;
+  return kvt_ctx_create(NULL, &ctx);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  kvt_ctx_destroy(ctx);
+  return 0;
+}
+
+static int kill_leftovers(void **state) {
+  (void)state;
+  srv_kill_all();
+  return 0;
+}
+
+int main(void) {
+  if (!srv_binary_present()) {
+    printf("[  SKIP    ] %s not built\n", SRV_BIN);
+    return 77;
+  }
+  char err[256];
+  kvt_fab *probe = NULL;
+  kvt_fab_config pc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .node = "127.0.0.1", .service = "0"};
+  if (kvt_fab_open(&pc, &probe, err, sizeof(err)) != 0) {
+    printf("[  SKIP    ] %s\n", err);
+    return 77;
+  }
+  kvt_fab_close(probe);
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_teardown(test_wrong_token_or_unknown_tenant_is_refused_at_open, kill_leftovers),
+      cmocka_unit_test_teardown(test_tenants_cannot_read_delete_or_list_each_others_keys, kill_leftovers),
+      cmocka_unit_test_teardown(test_oversize_put_is_refused_with_etoobig, kill_leftovers),
+      cmocka_unit_test_teardown(test_stats_request_and_prometheus_text, kill_leftovers),
+      cmocka_unit_test_teardown(test_eight_clients_at_once_each_get_their_own_bytes, kill_leftovers),
+      cmocka_unit_test_teardown(
+          test_malformed_and_unauthenticated_requests_leave_the_server_serving, kill_leftovers),
+      cmocka_unit_test_teardown(test_sigterm_exits_0_and_a_restart_has_the_nvme_values, kill_leftovers),
+      cmocka_unit_test_teardown(test_dead_server_fails_ops_and_the_same_tier_reconnects, kill_leftovers),
+      cmocka_unit_test_teardown(test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover, kill_leftovers),
+  };
+  return cmocka_run_group_tests_name("kvtier-server", tests, setup, teardown);
+}

@@ -1,0 +1,148 @@
+/* tests/test_tier_fabric.c - the fabric:// tier against live kvtier-servers on
+ * 127.0.0.1: the whole tier conformance suite (the built
+ * test_tier_conformance, rows given by KVT_CONFORMANCE_SPECS) against a
+ * DRAM-only server and a DRAM+NVMe server, both with --evict none so a full
+ * store refuses with -ENOSPC as the suite expects; then the spec parser's
+ * refusals and an unreachable server failing the open in bounded time.
+ * Skips (77) without kvtier-server or the provider. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "../transport/kvt_transport.h"
+#include "kvtier.h"
+#include "server_fixture.h"
+
+static srv_fixture dram_srv, nvme_srv;
+static char nvme_dir[256];
+
+static int start_servers(void **state) {
+  (void)state;
+  dram_srv.args[0] = "--tiers";
+  dram_srv.args[1] = "dram:64MiB";
+  dram_srv.args[2] = "--evict";
+  dram_srv.args[3] = "none";
+  dram_srv.args[4] = "--tenant";
+  dram_srv.args[5] = "conf:tok-1";
+  if (srv_start(&dram_srv) != 0)
+    return -1;
+  static char tiers[512];
+  if (srv_mkdtemp(nvme_dir, sizeof(nvme_dir)) != 0)
+    return -1;
+  snprintf(tiers, sizeof(tiers), "dram:8MiB;nvme:%s:64MiB", nvme_dir);
+  nvme_srv.args[0] = "--tiers";
+  nvme_srv.args[1] = tiers;
+  nvme_srv.args[2] = "--evict";
+  nvme_srv.args[3] = "none";
+  nvme_srv.args[4] = "--tenant";
+  nvme_srv.args[5] = "conf:tok-2";
+  return srv_start(&nvme_srv);
+}
+
+static int stop_servers(void **state) {
+  (void)state;
+  const int a = srv_stop(&dram_srv, SIGTERM, 15), b = srv_stop(&nvme_srv, SIGTERM, 15);
+  srv_kill_all();
+  srv_rmdir(nvme_dir);
+  return WIFEXITED(a) && WEXITSTATUS(a) == 0 && WIFEXITED(b) && WEXITSTATUS(b) == 0 ? 0 : -1;
+}
+
+static void test_conformance_suite_passes_against_live_servers(void **state) {
+  (void)state;
+  char a[256], b[256], specs[600];
+  srv_spec(&dram_srv, a, sizeof(a), "conf", "tok-1", 10000, "purge=1");
+  srv_spec(&nvme_srv, b, sizeof(b), "conf", "tok-2", 10000, "purge=1");
+  snprintf(specs, sizeof(specs), "%s|%s", a, b);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    setenv("KVT_CONFORMANCE_SPECS", specs, 1);
+    execl(KVT_BINARY_DIR "/tests/test_tier_conformance", "test_tier_conformance", (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0); /* 77 would mean the rows did not open */
+}
+
+static void test_bad_fabric_specs_fail_with_a_detail(void **state) {
+  (void)state;
+  static const struct {
+    const char *spec, *names;
+  } bad[] = {{"fabric:127.0.0.1:1", "fabric://"},
+             {"fabric://127.0.0.1", "HOST:PORT"},
+             {"fabric://127.0.0.1:0", "HOST:PORT"},
+             {"fabric://127.0.0.1:99999", "HOST:PORT"},
+             {"fabric://127.0.0.1:7?nope=1", "nope"},
+             {"fabric://127.0.0.1:7?tenant=a/b", "a/b"},
+             {"fabric://127.0.0.1:7?timeout_ms=0", "timeout_ms"},
+             {"fabric://127.0.0.1:7?depth=5000", "depth"},
+             {"fabric://127.0.0.1:7?tenant", "NAME=VALUE"}};
+  kvt_ctx *ctx;
+  assert_int_equal(kvt_ctx_create(NULL, &ctx), 0);
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    kvt_tier *t = NULL;
+    const int rc = kvt_tier_open(ctx, bad[i].spec, &t);
+    if (rc != KVT_ESPEC || t)
+      fail_msg("'%s': %s", bad[i].spec, kvt_err_name(rc));
+    if (!strstr(kvt_ctx_last_error(ctx), bad[i].names))
+      fail_msg("'%s': detail '%s' does not name '%s'", bad[i].spec, kvt_ctx_last_error(ctx),
+               bad[i].names);
+  }
+  kvt_ctx_destroy(ctx);
+}
+
+static void test_open_of_an_unreachable_server_fails_in_bounded_time(void **state) {
+  (void)state;
+  /* The DRAM server's port, once it is gone, has nobody listening. */
+  srv_fixture gone = {0};
+  gone.args[0] = "--tiers";
+  gone.args[1] = "dram:1MiB";
+  assert_int_equal(srv_start(&gone), 0);
+  const int st = srv_stop(&gone, SIGTERM, 15);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  char spec[256];
+  srv_spec(&gone, spec, sizeof(spec), "default", "", 1500, NULL);
+  kvt_ctx *ctx;
+  assert_int_equal(kvt_ctx_create(NULL, &ctx), 0);
+  kvt_tier *t = NULL;
+  const time_t t0 = time(NULL);
+  const int rc = kvt_tier_open(ctx, spec, &t);
+  if (!(rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -ECONNRESET || rc == -EIO ||
+        rc == -EHOSTUNREACH))
+    fail_msg("%s: %s", kvt_err_name(rc), kvt_ctx_last_error(ctx));
+  assert_null(t);
+  assert_true(time(NULL) - t0 <= 5);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "fabric tier"));
+  kvt_ctx_destroy(ctx);
+}
+
+int main(void) {
+  if (!srv_binary_present()) {
+    printf("[  SKIP    ] %s not built\n", SRV_BIN);
+    return 77;
+  }
+  char err[256];
+  kvt_fab *probe = NULL;
+  kvt_fab_config pc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .node = "127.0.0.1", .service = "0"};
+  if (kvt_fab_open(&pc, &probe, err, sizeof(err)) != 0) {
+    printf("[  SKIP    ] %s\n", err);
+    return 77;
+  }
+  kvt_fab_close(probe);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_conformance_suite_passes_against_live_servers),
+      cmocka_unit_test(test_bad_fabric_specs_fail_with_a_detail),
+      cmocka_unit_test(test_open_of_an_unreachable_server_fails_in_bounded_time),
+  };
+  return cmocka_run_group_tests_name("fabric tier", tests, start_servers, stop_servers);
+}

@@ -179,6 +179,58 @@ static void test_a_dead_shared_tier_is_a_miss_not_an_error_or_hang(void **state)
   rfx_stop(&s);
 }
 
+/* A cache never evicts from a shared tier: other hosts' chunks live there
+ * and the server decides what goes. B's index holds A's chunks (listed at
+ * open) and would have evicted them to fit its own under capacity=. */
+static void test_a_cache_never_evicts_other_hosts_chunks_from_a_shared_tier(void **state) {
+  (void)state;
+  uint64_t plen = 0;
+  kvt_key probe;
+  chain_keys(&fx->fp, 13, 1, &probe);
+  free(payload_of(fx->ctx, &fx->fp, &probe, CT_TOKENS, &plen));
+  const uint64_t cap = 10 * (plen + 64); /* about ten payloads */
+  char tiers[256];
+  snprintf(tiers, sizeof(tiers), "redis://127.0.0.1:%d?ns=noevict&capacity=%llu", srv.port,
+           (unsigned long long)cap);
+  kvt_cache_config cfg = KVT_CACHE_CONFIG_INIT;
+  cfg.tiers = tiers;
+  cfg.fingerprint = &fx->fp;
+  cfg.chunk_tokens = CT_TOKENS;
+  kvt_cache *a = NULL, *b = NULL;
+  assert_int_equal(kvt_cache_open(fx->ctx, &cfg, &a), 0);
+  kvt_key ka[7], kb[7];
+  chain_keys(&fx->fp, 21, 7, ka);
+  chain_keys(&fx->fp, 22, 7, kb);
+  uint8_t *pa[7], *pb[7];
+  uint64_t la[7], lb[7];
+  put_chain(a, ka, 7, pa, la);
+  assert_int_equal(kvt_cache_open(fx->ctx, &cfg, &b), 0); /* indexes A's 7 */
+  for (int i = 0; i < 7; i++) {
+    pb[i] = payload_of(fx->ctx, &fx->fp, &kb[i], CT_TOKENS, &lb[i]);
+    (void)kvt_cache_put(b, &kb[i], i ? &kb[i - 1] : NULL, pb[i], lb[i]);
+  }
+  uint8_t *buf = malloc(la[0]);
+  for (int i = 0; i < 7; i++) {
+    uint64_t got = 0;
+    assert_int_equal(kvt_cache_get(a, &ka[i], buf, la[0], &got, NULL), 0);
+    assert_memory_equal(buf, pa[i], la[i]);
+  }
+  kvt_cache_stats st;
+  memset(&st, 0, sizeof(st));
+  st.struct_size = sizeof(st);
+  assert_int_equal(kvt_cache_stats_get(b, 0, &st), 0);
+  assert_int_equal(st.evictions, 0);
+  for (int i = 0; i < 7; i++) {
+    kvt_cache_del(a, &ka[i]);
+    kvt_cache_del(a, &kb[i]);
+    free(pa[i]);
+    free(pb[i]);
+  }
+  free(buf);
+  kvt_cache_close(b);
+  kvt_cache_close(a);
+}
+
 /* kvtier demo --pd through the group's server: prefill and decode processes
  * that share only the redis tier; every payload byte checked by the CLI. */
 static void test_demo_pd_through_redis_is_byte_identical(void **state) {
@@ -217,6 +269,7 @@ int main(void) {
       cmocka_unit_test(test_what_one_host_puts_the_other_looks_up_and_reads),
       cmocka_unit_test(test_a_hit_in_redis_under_dram_is_promoted),
       cmocka_unit_test(test_a_dead_shared_tier_is_a_miss_not_an_error_or_hang),
+      cmocka_unit_test(test_a_cache_never_evicts_other_hosts_chunks_from_a_shared_tier),
       cmocka_unit_test(test_demo_pd_through_redis_is_byte_identical),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

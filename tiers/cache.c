@@ -263,8 +263,17 @@ static void mark_ancestors(kvt_cache *c, const centry *e, const centry *guard) {
 static int make_room(kvt_cache *c, centry *e, const centry *guard, int u, uint64_t len,
                      int force, centry **victims, int *nv) {
   ctier *T = &c->t[u];
-  mark_ancestors(c, e, guard);
   uint64_t need = cache_cost(c, u, len);
+  if (T->shared) {
+    /* Other hosts' chunks live there too: the server (maxmemory, TTL, its
+     * own LRU) decides what goes, never this cache. A tier that still says
+     * it is full fails the placement. */
+    if (force > 0)
+      return -ENOSPC;
+    T->used += need;
+    return 0;
+  }
+  mark_ancestors(c, e, guard);
   const int first = *nv;
   while (T->used + need > T->capacity || force > 0) {
     if (*nv == VICTIMS_MAX)
@@ -470,6 +479,8 @@ int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len,
 
 /* The fill above which tier u is worked on: capacity less the headroom. */
 static uint64_t mark_of(const kvt_cache *c, int u) {
+  if (c->t[u].shared)
+    return UINT64_MAX; /* its server decides what goes (make_room) */
   const uint64_t cap = c->t[u].capacity;
   return cap - cap / 100 * c->headroom_pct;
 }

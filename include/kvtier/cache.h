@@ -190,7 +190,10 @@ KVT_API void kvt_cache_return(kvt_cache *cache, kvt_cache_loan *loan);
  * a batch of keys in flight at once) and indexed where found, here and in
  * kvt_cache_get and kvt_cache_get_many, so a decode node finds what a
  * prefill node put. kvt_cache_query and kvt_cache_where answer from the
- * index alone. A shared tier that does not answer counts as a miss. */
+ * index alone. A shared tier that does not answer counts as a miss. The
+ * cache never evicts from a shared tier (other hosts' chunks live there): its
+ * server's own policy (maxmemory, TTL, kvtier-server --evict) decides, and a
+ * shared tier that says it is full fails the placement with -ENOSPC. */
 KVT_API int kvt_cache_lookup(kvt_cache *cache, const uint32_t *tokens, size_t n,
                              size_t *cached_tokens);
 

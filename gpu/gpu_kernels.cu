@@ -1,5 +1,6 @@
-/* gpu/gpu_kernels.cu - the fused store and load kernels, and the thin CUDA
- * runtime wrappers the C side (gpu_api.c) calls through kvt_gpu_layout.h.
+/* gpu/gpu_kernels.cu - the fused store and load kernels and their launchers,
+ * which the C side (gpu_api.c) calls through kvt_gpu_layout.h (the runtime
+ * wrappers are in gpu_runtime.cu, the checksum kernels in gpu_checksum.cu).
  *
  * The arithmetic is serde/FORMAT.md section 4's, written with explicit
  * round-to-nearest intrinsics (__fmul_rn, __fadd_rn, __fdiv_rn) so nvcc can
@@ -22,7 +23,6 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include "gpu_xxh3.cuh"
 #include "kvt_gpu_layout.h"
 #include "kvtier/codec.h"
 #include "kvtier/error.h"
@@ -964,63 +964,4 @@ extern "C" int kvt_gpurt_load(const kvt_gpu_kparams *p, void *stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   return p->dtype == KVT_DTYPE_BF16 ? launch_load<KVT_DTYPE_BF16>(p, st)
                                     : launch_load<KVT_DTYPE_F16>(p, st);
-}
-
-/* ---- checksums of payloads in device memory ---- */
-
-/* XXH3-64 of in[0..len) by a group of 8 lanes; every lane gets it. */
-__device__ uint64_t group_hash(const uint8_t *in, uint64_t len, int lane, unsigned gmask) {
-  if (len > 240)
-    return kvt_xxh3::hash_long(in, len, lane, gmask);
-  uint64_t h = lane == 0 ? kvt_xxh3::hash_short(in, len) : 0;
-  return __shfl_sync(gmask, h, 0, 8);
-}
-
-/* One group of 8 lanes per section: write (seal) or compare (verify). */
-__global__ void sections_hash_kernel(uint8_t *payload, uint32_t first, uint32_t count, int write,
-                                     kvt_gpu_status *st) {
-  const uint32_t g = (blockIdx.x * blockDim.x + threadIdx.x) / 8;
-  const int lane = threadIdx.x & 7;
-  const unsigned gmask = 0xFFu << (threadIdx.x & 24);
-  if (g >= count) /* the group's 8 lanes leave together */
-    return;
-  const uint32_t i = first + g;
-  uint8_t *e = payload + 128 + 48 * (uint64_t)i;
-  const uint64_t off = kvt_xxh3::rd64(e + 8), n = kvt_xxh3::rd64(e + 16);
-  const uint64_t h = group_hash(payload + off, n, lane, gmask);
-  if (lane != 0)
-    return;
-  if (write)
-    *reinterpret_cast<uint64_t *>(e + 32) = h; /* entries are 16-byte aligned */
-  else if (kvt_xxh3::rd64(e + 32) != h)
-    atomicMin(&st->bad_section, i);
-}
-
-/* The header checksum, after the section checksums are in the table. */
-__global__ void header_hash_kernel(uint8_t *payload, uint64_t header_size) {
-  const int lane = threadIdx.x & 7;
-  const uint64_t h = group_hash(payload, header_size, lane, 0xFFu);
-  if (lane == 0)
-    *reinterpret_cast<uint64_t *>(payload + 120) = h;
-}
-
-extern "C" int kvt_gpurt_seal(uint8_t *payload, uint32_t sections, uint64_t header_size,
-                              void *stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const unsigned blocks = (sections * 8 + 127) / 128;
-  sections_hash_kernel<<<blocks, 128, 0, st>>>(payload, 0, sections, 1, nullptr);
-  header_hash_kernel<<<1, 8, 0, st>>>(payload, header_size);
-  return (int)cudaGetLastError();
-}
-
-extern "C" int kvt_gpurt_verify(const uint8_t *payload, uint32_t first, uint32_t count,
-                                kvt_gpu_status *status, void *stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  cudaError_t e = cudaMemsetAsync(&status->bad_section, 0xFF, sizeof(uint32_t), st);
-  if (e != cudaSuccess)
-    return (int)e;
-  const unsigned blocks = (count * 8 + 127) / 128;
-  sections_hash_kernel<<<blocks, 128, 0, st>>>(const_cast<uint8_t *>(payload), first, count, 0,
-                                               status);
-  return (int)cudaGetLastError();
 }

@@ -21,5 +21,6 @@
 #include "kvtier/cache.h"
 #include "kvtier/model.h"
 #include "kvtier/gpu.h"
+#include "kvtier/attn.h"
 
 #endif

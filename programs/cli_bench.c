@@ -277,6 +277,7 @@ static int bench_parse(int argc, char **argv, bench_cfg *c) {
 }
 
 int cli_bench_gpu_main(int argc, char **argv); /* cli_bench_gpu.c */
+int cli_bench_attn_main(int argc, char **argv); /* cli_bench_attn.c */
 #ifdef KVT_HAVE_HIREDIS
 int cli_bench_redis_main(int argc, char **argv); /* cli_bench_redis.c */
 #endif
@@ -295,6 +296,8 @@ int cli_bench_main(int argc, char **argv) {
 #endif
   if (argc >= 2 && strcmp(argv[1], "gpu") == 0)
     return cli_bench_gpu_main(argc - 1, argv + 1);
+  if (argc >= 2 && strcmp(argv[1], "attn") == 0)
+    return cli_bench_attn_main(argc - 1, argv + 1);
   if (argc >= 2 && strcmp(argv[1], "tier") == 0)
     return cli_bench_tier_main(argc - 1, argv + 1);
   if (argc >= 2 && strcmp(argv[1], "cache") == 0)

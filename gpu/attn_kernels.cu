@@ -1,0 +1,980 @@
+/* gpu/attn_kernels.cu - decode attention over a compressed paged KV cache
+ * (kvtier/attn.h) and its cache writer.
+ *
+ * Decode is flash-decoding on tensor cores. Grid: (split, kv head x head
+ * chunk, sequence); a CTA of 4 warps serves up to 8 query heads of one KV
+ * head (GQA) over one contiguous slice of the context. Each warp walks its
+ * own 16-token tiles of the slice (tiles w, w+4, ...) with its own online
+ * softmax state, and the 4 warps are combined through shared memory at the
+ * end, so the tile loop has no CTA barrier.
+ *
+ * Per tile, with mma.m16n8k16 (fp32 accumulate):
+ *   S^T[16 tokens][8 heads] = K[16 tokens][D] . Q^T[D][8 heads]
+ *   O^T[D][8 heads]       += V^T[D][16 tokens] . P^T[16 tokens][8 heads]
+ * The reduction dimension of each product may be enumerated in any order as
+ * long as both operands agree, so each lane's fragments are made to cover
+ * whole 16-byte pieces of a row (its "slice"): K and V are read from global
+ * memory straight into registers in fragment order with 16-byte loads, whole
+ * 32-byte sectors per warp instruction, and dequantized there. 16-bit K
+ * needs no conversion at all (the K16V8 point); e4m3 becomes fp16 by the
+ * paired hardware conversion and its per-token K scale multiplies the
+ * scores, its V scale the converted values; int4 becomes fp16 by the
+ * 0x6400 exponent trick and one fma with its group's scale and zero. Keys of
+ * e4m3/int4 caches are multiplied with an fp16 copy of q; values of e4m3/int4
+ * caches with fp16 probabilities. P goes from the score fragment layout to
+ * the operand layout through 512 bytes of shared memory per warp.
+ *
+ * Splits write fp32 (normalised output, max, sum) to the workspace and a
+ * combine kernel merges them; with one split the CTA writes the output.
+ *
+ * The writer quantizes with serde/FORMAT.md section 4's arithmetic, written
+ * as gpu_kernels.cu's store (explicit round-to-nearest intrinsics, no
+ * contraction): the codes and scales equal the CPU codec's. */
+#include <stdint.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "kvt_attn_layout.h"
+#include "kvtier/attn.h"
+#include "kvtier/codec.h"
+
+#define TINY_AMAX 7.8886090522101181e-31f /* 2^-100, as codec_internal.h */
+#define NWARPS KVT_ATTN_WARPS
+#define TILE 16
+/* Registers of K/V codes a lane loads per loop iteration: more tiles at once
+ * for compressed formats, within the 128 registers of 4 CTAs per SM (40: no
+ * spills for any format and head_dim, checked with ptxas -v). */
+#ifndef KVT_ATTN_LOAD_REGS
+#define KVT_ATTN_LOAD_REGS 40
+#endif
+
+namespace kvt_attn_dev {
+
+/* ---- formats at compile time ---- */
+
+template <int FMT> struct fmt_traits {
+  /* bytes of a K / V row are D * num / den */
+  static constexpr int k_num =
+      (FMT == KVT_ATTN_RAW || FMT == KVT_ATTN_K16V8) ? 2 : 1;
+  static constexpr int k_den = FMT == KVT_ATTN_INT4 ? 2 : 1;
+  static constexpr int v_num = FMT == KVT_ATTN_RAW ? 2 : 1;
+  static constexpr int v_den = FMT == KVT_ATTN_INT4 ? 2 : 1;
+  static constexpr bool k16 = FMT == KVT_ATTN_RAW || FMT == KVT_ATTN_K16V8;
+  static constexpr bool v16 = FMT == KVT_ATTN_RAW;
+};
+
+template <int N> struct words { uint32_t w[N]; };
+
+/* N bytes (4, 8 or 16) at an N-aligned address into N/4 words. */
+template <int N>
+__device__ __forceinline__ void ld_unit(const uint8_t *p, uint32_t *w) {
+  if constexpr (N == 16) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p));
+    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+  } else if constexpr (N == 8) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2 *>(p));
+    w[0] = u.x, w[1] = u.y;
+  } else {
+    w[0] = __ldg(reinterpret_cast<const unsigned int *>(p));
+  }
+}
+
+template <bool BF>
+__device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1,
+                                         uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (BF)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t h2u(__half2 h) {
+  return *reinterpret_cast<uint32_t *>(&h);
+}
+__device__ __forceinline__ __half2 u2h(uint32_t u) {
+  return *reinterpret_cast<__half2 *>(&u);
+}
+
+/* Two e4m3 codes (low byte first) as an fp16 pair: exact. */
+__device__ __forceinline__ uint32_t e4m3x2_to_h2(uint32_t pair16) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
+      (__nv_fp8x2_storage_t)(pair16 & 0xFFFFu), __NV_E4M3);
+  return (uint32_t)r.x | ((uint32_t)r.y << 16);
+}
+
+/* Nibbles at bits 0-3 and 16-19 of u as an fp16 pair of integers 0..15. */
+__device__ __forceinline__ __half2 nib2_to_h2(uint32_t u) {
+  const uint32_t x = (u & 0x000F000Fu) | 0x64006400u; /* 1024 + n */
+  return __hsub2(u2h(x), u2h(0x64006400u));
+}
+
+template <int DT> __device__ __forceinline__ float h16_to_f(uint16_t h) {
+  if constexpr (DT == KVT_DTYPE_BF16)
+    return __uint_as_float((uint32_t)h << 16);
+  else
+    return __half2float(__ushort_as_half(h));
+}
+
+template <int DT> __device__ __forceinline__ uint16_t f_to_h16(float f) {
+  if constexpr (DT == KVT_DTYPE_BF16)
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  else
+    return __half_as_ushort(__float2half_rn(f));
+}
+
+/* Two fp32 as a pair of the MMA's 16-bit type (bf16 when BF). */
+template <bool BF>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (BF) {
+    const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&r);
+  } else {
+    return h2u(__floats2half2_rn(lo, hi));
+  }
+}
+
+/* ---- decode ---- */
+
+template <int FMT, int DT, int D> struct geo {
+  using tr = fmt_traits<FMT>;
+  static constexpr int RBK = D * tr::k_num / tr::k_den; /* bytes of a K row */
+  static constexpr int RBV = D * tr::v_num / tr::v_den;
+  /* K: lane t (of 4) holds D/4 elements of rows g and g+8, in units of UK
+   * bytes at row units t, t+4, ... */
+  static constexpr int UK = RBK / 4 < 16 ? RBK / 4 : 16;
+  static constexpr int NUK = RBK / 4 / UK;
+  static constexpr int EPUK =
+      UK * tr::k_den / tr::k_num;     /* elements per unit */
+  static constexpr int KW = RBK / 16; /* words per row per lane */
+  /* V: lane g (of 8) holds D/8 elements of tokens 2t, 2t+1, 2t+8, 2t+9, in
+   * units of UV bytes at row units g, g+8, ... */
+  static constexpr int UV = RBV / 8 < 16 ? RBV / 8 : 16;
+  static constexpr int NUV = RBV / 8 / UV;
+  static constexpr int EPUV = UV * tr::v_den / tr::v_num;
+  static constexpr int VW = RBV / 32;
+  static constexpr int NT = D / 16; /* k tiles of S, m tiles of O */
+  static constexpr bool KBF =
+      tr::k16 && DT == KVT_DTYPE_BF16; /* S MMA in bf16 */
+  static constexpr bool VBF =
+      tr::v16 && DT == KVT_DTYPE_BF16; /* PV MMA in bf16 */
+  static_assert(KW >= 1 && VW >= 1, "rows too short");
+};
+
+/* Physical dim of element e of a lane's slice. */
+template <int EPU, int LANES>
+__device__ __forceinline__ int slice_dim(int lane_idx, int e) {
+  return (lane_idx + LANES * (e / EPU)) * EPU + e % EPU;
+}
+
+/* Loads in flight per warp: each iteration loads U tiles' K and V (up to
+ * KVT_ATTN_LOAD_REGS registers of codes per lane) before computing any of
+ * them, so compressed formats keep more tiles in flight. Caches whose tile
+ * takes more than 64 registers (16-bit, head_dim 256) load V after the
+ * scores instead, to stay in registers. */
+template <int FMT, int DT, int D> struct plan {
+  using G = geo<FMT, DT, D>;
+  static constexpr int R =
+      2 * G::KW + 4 * G::VW; /* registers of one tile's codes */
+  static constexpr int U = R >= KVT_ATTN_LOAD_REGS ? 1
+                           : KVT_ATTN_LOAD_REGS / R > 4
+                               ? 4
+                               : KVT_ATTN_LOAD_REGS / R;
+  static constexpr bool early_v = R <= 64;
+};
+
+struct tile_addr {
+  uint64_t
+      row0; /* (page * block_size + offset of tile token 0) * kv_heads + head */
+  uint64_t sc0; /* scale index of tile token 0: (page * kv_heads + head) *
+                   block_size + offset */
+  int last;     /* tile-relative index of the last valid token */
+};
+
+/* One tile's codes and scales in registers, in fragment order. */
+template <int FMT, int DT, int D> struct tile_regs {
+  using G = geo<FMT, DT, D>;
+  uint32_t kw[2][G::KW];                 /* rows g, g+8 */
+  uint32_t vw[4][G::VW];                 /* tokens 2t, 2t+1, 2t+8, 2t+9 */
+  float ks[2], vs[4];                    /* e4m3 scales */
+  uint32_t kp[2][G::NUK], vp[4][G::NUV]; /* int4 (scale, zero) */
+};
+
+/* Q fragments of the S product: per k tile, two registers. */
+template <int FMT, int DT, int D>
+__device__ __forceinline__ void load_q(const kvt_attn_kparams &p, uint32_t b,
+                                       uint32_t qh0, int nheads, int g, int t,
+                                       uint32_t (&qb)[geo<FMT, DT, D>::NT][2]) {
+  using G = geo<FMT, DT, D>;
+  const uint16_t *q = reinterpret_cast<const uint16_t *>(p.q);
+  const bool ok = g < nheads;
+  const uint16_t *row = q + ((uint64_t)b * p.q_heads + qh0 + (ok ? g : 0)) * D;
+#pragma unroll
+  for (int j = 0; j < G::NT; j++) {
+    const int d = slice_dim<G::EPUK, 4>(t, 4 * j);
+    uint2 u = make_uint2(0, 0);
+    if (ok)
+      u = __ldg(reinterpret_cast<const uint2 *>(row + d));
+    if constexpr (fmt_traits<FMT>::k16) {
+      qb[j][0] = u.x;
+      qb[j][1] = u.y;
+    } else {
+      qb[j][0] =
+          pack2<false>(h16_to_f<DT>(u.x & 0xFFFF), h16_to_f<DT>(u.x >> 16));
+      qb[j][1] =
+          pack2<false>(h16_to_f<DT>(u.y & 0xFFFF), h16_to_f<DT>(u.y >> 16));
+    }
+  }
+}
+
+template <int FMT, int DT, int D>
+__device__ __forceinline__ void load_k(const kvt_attn_kparams &p,
+                                       const tile_addr &ta, int g, int t,
+                                       tile_regs<FMT, DT, D> &r) {
+  using G = geo<FMT, DT, D>;
+  const uint8_t *kb = reinterpret_cast<const uint8_t *>(p.k);
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int tok = g + 8 * i, rr = tok < ta.last ? tok : ta.last;
+    const uint8_t *row = kb + (ta.row0 + (uint64_t)rr * p.kv_heads) * G::RBK;
+#pragma unroll
+    for (int u = 0; u < G::NUK; u++)
+      ld_unit<G::UK>(row + (t + 4 * u) * G::UK, &r.kw[i][u * (G::UK / 4)]);
+    if constexpr (FMT == KVT_ATTN_FP8)
+      r.ks[i] = __ldg(reinterpret_cast<const float *>(p.k_scale) + ta.sc0 + rr);
+    if constexpr (FMT == KVT_ATTN_INT4) {
+      const uint32_t *kp = reinterpret_cast<const uint32_t *>(p.k_scale) +
+                           (ta.sc0 + rr) * (D / 32);
+#pragma unroll
+      for (int u = 0; u < G::NUK; u++)
+        r.kp[i][u] = __ldg(kp + slice_dim<G::EPUK, 4>(t, u * G::EPUK) / 32);
+    }
+  }
+}
+
+template <int FMT, int DT, int D>
+__device__ __forceinline__ void load_v(const kvt_attn_kparams &p,
+                                       const tile_addr &ta, int g, int t,
+                                       tile_regs<FMT, DT, D> &r) {
+  using G = geo<FMT, DT, D>;
+  const uint8_t *vb = reinterpret_cast<const uint8_t *>(p.v);
+#pragma unroll
+  for (int i = 0; i < 4;
+       i++) { /* tokens 2t, 2t+1, 2t+8, 2t+9, clamped to the last valid */
+    const int tok = 2 * t + (i & 1) + 8 * (i >> 1),
+              rr = tok < ta.last ? tok : ta.last;
+    const uint8_t *row = vb + (ta.row0 + (uint64_t)rr * p.kv_heads) * G::RBV;
+#pragma unroll
+    for (int u = 0; u < G::NUV; u++)
+      ld_unit<G::UV>(row + (g + 8 * u) * G::UV, &r.vw[i][u * (G::UV / 4)]);
+    if constexpr (FMT == KVT_ATTN_K16V8 || FMT == KVT_ATTN_FP8)
+      r.vs[i] = __ldg(reinterpret_cast<const float *>(p.v_scale) + ta.sc0 + rr);
+    if constexpr (FMT == KVT_ATTN_INT4) {
+      const uint32_t *vp = reinterpret_cast<const uint32_t *>(p.v_scale) +
+                           (ta.sc0 + rr) * (D / 32);
+#pragma unroll
+      for (int u = 0; u < G::NUV; u++)
+        r.vp[i][u] = __ldg(vp + slice_dim<G::EPUV, 8>(g, u * G::EPUV) / 32);
+    }
+  }
+}
+
+/* Scores of one tile: c[0..3] = S[tok g][head 2t], [tok g][2t+1],
+ * [tok g+8][2t], [tok g+8][2t+1], scaled to log2 units, masked. */
+template <int FMT, int DT, int D>
+__device__ __forceinline__ void
+tile_scores(const kvt_attn_kparams &p, const tile_addr &ta, int g,
+            const tile_regs<FMT, DT, D> &r,
+            const uint32_t (&qb)[geo<FMT, DT, D>::NT][2], float c[4]) {
+  using G = geo<FMT, DT, D>;
+  c[0] = c[1] = c[2] = c[3] = 0.0f;
+  if constexpr (FMT == KVT_ATTN_RAW || FMT == KVT_ATTN_K16V8) {
+#pragma unroll
+    for (int j = 0; j < G::NT; j++)
+      mma16816<G::KBF>(c, r.kw[0][2 * j], r.kw[1][2 * j], r.kw[0][2 * j + 1],
+                       r.kw[1][2 * j + 1], qb[j][0], qb[j][1]);
+  } else if constexpr (FMT == KVT_ATTN_FP8) {
+#pragma unroll
+    for (int j = 0; j < G::NT; j++)
+      mma16816<false>(c, e4m3x2_to_h2(r.kw[0][j]), e4m3x2_to_h2(r.kw[1][j]),
+                      e4m3x2_to_h2(r.kw[0][j] >> 16),
+                      e4m3x2_to_h2(r.kw[1][j] >> 16), qb[j][0], qb[j][1]);
+    c[0] *= r.ks[0], c[1] *= r.ks[0], c[2] *= r.ks[1], c[3] *= r.ks[1];
+  } else { /* INT4: elements 4j..4j+3 of the slice are bytes 2j, 2j+1 */
+#pragma unroll
+    for (int j = 0; j < G::NT; j++) {
+      const int u = 4 * j / G::EPUK;
+      uint32_t a[4];
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        const __half2 sc =
+            __half2half2(__ushort_as_half((uint16_t)(r.kp[i][u] & 0xFFFF)));
+        const __half2 zr =
+            __half2half2(__ushort_as_half((uint16_t)(r.kp[i][u] >> 16)));
+        const uint32_t w =
+            r.kw[i][j / 2] >> (16 * (j & 1)); /* bytes 2j, 2j+1 low */
+        const uint32_t b0 = w & 0xFFu, b1 = (w >> 8) & 0xFFu;
+        a[i] = h2u(__hfma2(nib2_to_h2(b0 | (b0 << 12)), sc, zr));
+        a[i + 2] = h2u(__hfma2(nib2_to_h2(b1 | (b1 << 12)), sc, zr));
+      }
+      mma16816<false>(c, a[0], a[1], a[2], a[3], qb[j][0], qb[j][1]);
+    }
+  }
+  const float sl = p.scale_log2;
+  c[0] = g <= ta.last ? c[0] * sl : -INFINITY;
+  c[1] = g <= ta.last ? c[1] * sl : -INFINITY;
+  c[2] = g + 8 <= ta.last ? c[2] * sl : -INFINITY;
+  c[3] = g + 8 <= ta.last ? c[3] * sl : -INFINITY;
+}
+
+/* O^T += V^T P^T for one tile, V^T fragments made from the registers. */
+template <int FMT, int DT, int D>
+__device__ __forceinline__ void tile_pv(const tile_regs<FMT, DT, D> &r, int g,
+                                        uint32_t pb0, uint32_t pb1,
+                                        float (&o)[geo<FMT, DT, D>::NT][4]) {
+  using G = geo<FMT, DT, D>;
+  if constexpr (FMT == KVT_ATTN_RAW) {
+#pragma unroll
+    for (int j = 0; j < G::NT; j++)
+      mma16816<G::VBF>(o[j], __byte_perm(r.vw[0][j], r.vw[1][j], 0x5410),
+                       __byte_perm(r.vw[0][j], r.vw[1][j], 0x7632),
+                       __byte_perm(r.vw[2][j], r.vw[3][j], 0x5410),
+                       __byte_perm(r.vw[2][j], r.vw[3][j], 0x7632), pb0, pb1);
+  } else if constexpr (FMT == KVT_ATTN_K16V8 || FMT == KVT_ATTN_FP8) {
+    const __half2 s01 = __floats2half2_rn(r.vs[0], r.vs[1]);
+    const __half2 s89 = __floats2half2_rn(r.vs[2], r.vs[3]);
+#pragma unroll
+    for (int i = 0; i < G::VW; i++) {
+      const uint32_t lo01 = __byte_perm(r.vw[0][i], r.vw[1][i], 0x5140);
+      const uint32_t hi01 = __byte_perm(r.vw[0][i], r.vw[1][i], 0x7362);
+      const uint32_t lo89 = __byte_perm(r.vw[2][i], r.vw[3][i], 0x5140);
+      const uint32_t hi89 = __byte_perm(r.vw[2][i], r.vw[3][i], 0x7362);
+      mma16816<false>(o[2 * i], h2u(__hmul2(u2h(e4m3x2_to_h2(lo01)), s01)),
+                      h2u(__hmul2(u2h(e4m3x2_to_h2(lo01 >> 16)), s01)),
+                      h2u(__hmul2(u2h(e4m3x2_to_h2(lo89)), s89)),
+                      h2u(__hmul2(u2h(e4m3x2_to_h2(lo89 >> 16)), s89)), pb0,
+                      pb1);
+      mma16816<false>(o[2 * i + 1], h2u(__hmul2(u2h(e4m3x2_to_h2(hi01)), s01)),
+                      h2u(__hmul2(u2h(e4m3x2_to_h2(hi01 >> 16)), s01)),
+                      h2u(__hmul2(u2h(e4m3x2_to_h2(hi89)), s89)),
+                      h2u(__hmul2(u2h(e4m3x2_to_h2(hi89 >> 16)), s89)), pb0,
+                      pb1);
+    }
+  } else { /* INT4: byte j%4 of word j/4 holds slice elements 2j (low), 2j+1 */
+#pragma unroll
+    for (int j = 0; j < G::NT; j++) {
+      const int u = 2 * j / G::EPUV;
+      /* (scale, zero) pairs of tokens (2t, 2t+1) and (2t+8, 2t+9) */
+      const __half2 s01 = u2h(__byte_perm(r.vp[0][u], r.vp[1][u], 0x5410));
+      const __half2 z01 = u2h(__byte_perm(r.vp[0][u], r.vp[1][u], 0x7632));
+      const __half2 s89 = u2h(__byte_perm(r.vp[2][u], r.vp[3][u], 0x5410));
+      const __half2 z89 = u2h(__byte_perm(r.vp[2][u], r.vp[3][u], 0x7632));
+      const uint32_t k = j & 3;
+      const uint32_t u01 =
+          __byte_perm(r.vw[0][j / 4], r.vw[1][j / 4], k | ((k + 4) << 8));
+      const uint32_t u89 =
+          __byte_perm(r.vw[2][j / 4], r.vw[3][j / 4], k | ((k + 4) << 8));
+      mma16816<false>(o[j], h2u(__hfma2(nib2_to_h2(u01), s01, z01)),
+                      h2u(__hfma2(nib2_to_h2(u01 >> 4), s01, z01)),
+                      h2u(__hfma2(nib2_to_h2(u89), s89, z89)),
+                      h2u(__hfma2(nib2_to_h2(u89 >> 4), s89, z89)), pb0, pb1);
+    }
+  }
+}
+
+/* Online softmax over one tile's scores, then O += P V. */
+template <int FMT, int DT, int D>
+__device__ __forceinline__ void
+tile_step(const kvt_attn_kparams &p, const tile_addr &ta, int g, int t,
+          tile_regs<FMT, DT, D> &r,
+          const uint32_t (&qb)[geo<FMT, DT, D>::NT][2],
+          float (&o)[geo<FMT, DT, D>::NT][4], float &m0, float &m1, float &l0,
+          float &l1, uint16_t (*sp)[TILE]) {
+  using G = geo<FMT, DT, D>;
+  float c[4];
+  tile_scores<FMT, DT, D>(p, ta, g, r, qb, c);
+  if constexpr (!plan<FMT, DT, D>::early_v)
+    load_v<FMT, DT, D>(p, ta, g, t, r);
+  float mt0 = fmaxf(c[0], c[2]), mt1 = fmaxf(c[1], c[3]);
+#pragma unroll
+  for (int x = 4; x < 32; x <<= 1) {
+    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, x));
+    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, x));
+  }
+  const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
+  const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+  m0 = mn0, m1 = mn1;
+  const float p0 = exp2f(c[0] - mn0), p1 = exp2f(c[1] - mn1);
+  const float p2 = exp2f(c[2] - mn0), p3 = exp2f(c[3] - mn1);
+  l0 = l0 * al0 + (p0 + p2);
+  l1 = l1 * al1 + (p1 + p3);
+#pragma unroll
+  for (int j = 0; j < G::NT; j++) {
+    o[j][0] *= al0, o[j][1] *= al1, o[j][2] *= al0, o[j][3] *= al1;
+  }
+  /* P from (token, head) fragments to (head, token) operand pairs */
+  const uint32_t pp0 = pack2<G::VBF>(p0, p1), pp1 = pack2<G::VBF>(p2, p3);
+  sp[2 * t][g] = (uint16_t)(pp0 & 0xFFFF);
+  sp[2 * t + 1][g] = (uint16_t)(pp0 >> 16);
+  sp[2 * t][g + 8] = (uint16_t)(pp1 & 0xFFFF);
+  sp[2 * t + 1][g + 8] = (uint16_t)(pp1 >> 16);
+  __syncwarp();
+  const uint32_t pb0 = *reinterpret_cast<const uint32_t *>(&sp[g][2 * t]);
+  const uint32_t pb1 = *reinterpret_cast<const uint32_t *>(&sp[g][2 * t + 8]);
+  __syncwarp();
+  tile_pv<FMT, DT, D>(r, g, pb0, pb1, o);
+}
+
+/* ---- the cp.async pipeline of INT4 ----
+ * INT4 tiles are small: loaded into registers they leave few bytes in flight
+ * per warp. So each warp streams its
+ * tiles through NS stages of shared memory with cp.async: every lane copies
+ * exactly the units it will later read (lane-interleaved, so the read-back is
+ * conflict-free), waits only for its own copies (cp.async.wait_group is per
+ * thread) and needs no barrier. */
+template <int N>
+__device__ __forceinline__ void cp_async(void *smem, const void *gmem) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+  if constexpr (N == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s),
+                 "l"(gmem)
+                 : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s),
+                 "l"(gmem), "n"(N)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void lds_unit(const uint8_t *p, uint32_t *w) {
+  if constexpr (N == 16) {
+    const uint4 u = *reinterpret_cast<const uint4 *>(p);
+    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+  } else if constexpr (N == 8) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    w[0] = u.x, w[1] = u.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t *>(p);
+  }
+}
+
+template <int FMT, int DT, int D> struct pipe {
+  using G = geo<FMT, DT, D>;
+  static constexpr int KB =
+      2 * G::NUK * 32 * G::UK; /* K units of a stage, all lanes */
+  static constexpr int VB = 4 * G::NUV * 32 * G::UV;
+  static constexpr int NSC =
+      FMT == KVT_ATTN_FP8 ? 6 : 2 * G::NUK + 4 * G::NUV; /* scale words */
+  static constexpr int SB =
+      KB + VB + NSC * 32 * 4; /* bytes of a stage, per warp */
+  static constexpr int NS0 = 45056 / (NWARPS * SB);
+  static constexpr int NS = NS0 > 4 ? 4 : NS0;
+  /* FP8 measured slower this way on an H200 (201 vs 174 us at 8 x 32K, L2
+   * request-bound), INT4 faster (167 vs 174 us): only INT4 uses it. */
+  static constexpr bool on = FMT == KVT_ATTN_INT4 && NS >= 2;
+  static constexpr int BUF = on ? NWARPS * NS * SB : 16;
+};
+
+/* Issues the copies of one tile into a stage (this lane's units). */
+template <int FMT, int DT, int D>
+__device__ __forceinline__ void pipe_issue(const kvt_attn_kparams &p,
+                                           const tile_addr &ta, int g, int t,
+                                           int lane, uint8_t *st) {
+  using G = geo<FMT, DT, D>;
+  using P = pipe<FMT, DT, D>;
+  const uint8_t *kb = reinterpret_cast<const uint8_t *>(p.k);
+  const uint8_t *vb = reinterpret_cast<const uint8_t *>(p.v);
+  uint32_t *sc = reinterpret_cast<uint32_t *>(st + P::KB + P::VB);
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int tok = g + 8 * i, rr = tok < ta.last ? tok : ta.last;
+    const uint8_t *row = kb + (ta.row0 + (uint64_t)rr * p.kv_heads) * G::RBK;
+#pragma unroll
+    for (int u = 0; u < G::NUK; u++)
+      cp_async<G::UK>(st + ((i * G::NUK + u) * 32 + lane) * G::UK,
+                      row + (t + 4 * u) * G::UK);
+    if constexpr (FMT == KVT_ATTN_FP8) {
+      cp_async<4>(sc + s++ * 32 + lane,
+                  reinterpret_cast<const float *>(p.k_scale) + ta.sc0 + rr);
+    } else {
+      const uint32_t *kp = reinterpret_cast<const uint32_t *>(p.k_scale) +
+                           (ta.sc0 + rr) * (D / 32);
+#pragma unroll
+      for (int u = 0; u < G::NUK; u++)
+        cp_async<4>(sc + s++ * 32 + lane,
+                    kp + slice_dim<G::EPUK, 4>(t, u * G::EPUK) / 32);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int tok = 2 * t + (i & 1) + 8 * (i >> 1),
+              rr = tok < ta.last ? tok : ta.last;
+    const uint8_t *row = vb + (ta.row0 + (uint64_t)rr * p.kv_heads) * G::RBV;
+#pragma unroll
+    for (int u = 0; u < G::NUV; u++)
+      cp_async<G::UV>(st + P::KB + ((i * G::NUV + u) * 32 + lane) * G::UV,
+                      row + (g + 8 * u) * G::UV);
+    if constexpr (FMT == KVT_ATTN_FP8) {
+      cp_async<4>(sc + s++ * 32 + lane,
+                  reinterpret_cast<const float *>(p.v_scale) + ta.sc0 + rr);
+    } else {
+      const uint32_t *vp = reinterpret_cast<const uint32_t *>(p.v_scale) +
+                           (ta.sc0 + rr) * (D / 32);
+#pragma unroll
+      for (int u = 0; u < G::NUV; u++)
+        cp_async<4>(sc + s++ * 32 + lane,
+                    vp + slice_dim<G::EPUV, 8>(g, u * G::EPUV) / 32);
+    }
+  }
+}
+
+/* Reads this lane's units of a stage back into fragment-order registers. */
+template <int FMT, int DT, int D>
+__device__ __forceinline__ void pipe_read(const uint8_t *st, int lane,
+                                          tile_regs<FMT, DT, D> &r) {
+  using G = geo<FMT, DT, D>;
+  using P = pipe<FMT, DT, D>;
+  const uint32_t *sc = reinterpret_cast<const uint32_t *>(st + P::KB + P::VB);
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+#pragma unroll
+    for (int u = 0; u < G::NUK; u++)
+      lds_unit<G::UK>(st + ((i * G::NUK + u) * 32 + lane) * G::UK,
+                      &r.kw[i][u * (G::UK / 4)]);
+    if constexpr (FMT == KVT_ATTN_FP8) {
+      r.ks[i] = __uint_as_float(sc[s++ * 32 + lane]);
+    } else {
+#pragma unroll
+      for (int u = 0; u < G::NUK; u++)
+        r.kp[i][u] = sc[s++ * 32 + lane];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+#pragma unroll
+    for (int u = 0; u < G::NUV; u++)
+      lds_unit<G::UV>(st + P::KB + ((i * G::NUV + u) * 32 + lane) * G::UV,
+                      &r.vw[i][u * (G::UV / 4)]);
+    if constexpr (FMT == KVT_ATTN_FP8) {
+      r.vs[i] = __uint_as_float(sc[s++ * 32 + lane]);
+    } else {
+#pragma unroll
+      for (int u = 0; u < G::NUV; u++)
+        r.vp[i][u] = sc[s++ * 32 + lane];
+    }
+  }
+}
+
+/* Where tile ts of sequence table lives. */
+__device__ __forceinline__ tile_addr tile_at(const kvt_attn_kparams &p,
+                                             const int32_t *table, uint32_t kvh,
+                                             int32_t ts, int32_t ce) {
+  tile_addr ta;
+  const uint32_t page = (uint32_t)__ldg(table + ts / (int32_t)p.block_size);
+  const uint32_t off0 = (uint32_t)ts % p.block_size;
+  ta.row0 = ((uint64_t)page * p.block_size + off0) * p.kv_heads + kvh;
+  ta.sc0 = ((uint64_t)page * p.kv_heads + kvh) * p.block_size + off0;
+  ta.last = min(TILE - 1, ce - 1 - ts);
+  return ta;
+}
+
+template <int FMT, int DT, int D>
+__global__ void __launch_bounds__(NWARPS * 32,
+                                  D == 256 ? 2 : KVT_ATTN_CTAS_PER_SM)
+    decode_kernel(const kvt_attn_kparams p) {
+  using G = geo<FMT, DT, D>;
+  constexpr int U = plan<FMT, DT, D>::U;
+  __shared__ __align__(16) uint16_t sh_p[NWARPS][8][TILE];
+  __shared__ float sh_m[NWARPS][8], sh_l[NWARPS][8];
+  constexpr int OBYTES = NWARPS * 8 * D * 4;
+  constexpr int BUF =
+      pipe<FMT, DT, D>::BUF > OBYTES ? pipe<FMT, DT, D>::BUF : OBYTES;
+  __shared__ __align__(16) uint8_t sh_buf[BUF];
+  float(*sh_o)[8][D] = reinterpret_cast<float(*)[8][D]>(sh_buf);
+
+  const uint32_t b = blockIdx.z;
+  const uint32_t kvh = blockIdx.y / p.head_chunks,
+                 chunk = blockIdx.y % p.head_chunks;
+  const uint32_t split = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const uint32_t qh0 = kvh * p.gqa + chunk * 8;
+  const int nheads = (int)min(8u, p.gqa - chunk * 8);
+
+  const int32_t len = __ldg(reinterpret_cast<const int32_t *>(p.seq_lens) + b);
+  const int32_t per =
+      ((len + (int32_t)p.splits - 1) / (int32_t)p.splits + TILE - 1) / TILE *
+      TILE;
+  const int32_t cs = (int32_t)split * per;
+  const int32_t ce = min(len, cs + per);
+
+  uint32_t qb[G::NT][2];
+  load_q<FMT, DT, D>(p, b, qh0, nheads, g, t, qb);
+
+  float o[G::NT][4];
+#pragma unroll
+  for (int j = 0; j < G::NT; j++)
+    o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  const int32_t *table = reinterpret_cast<const int32_t *>(p.block_table) +
+                         (uint64_t)b * p.max_blocks;
+
+  if constexpr (pipe<FMT, DT, D>::on) {
+    /* warp w takes tiles w, w + NWARPS, ...: tile k at cs + (w + NWARPS k) *
+     * TILE */
+    constexpr int NS = pipe<FMT, DT, D>::NS, SB = pipe<FMT, DT, D>::SB;
+    uint8_t *wbuf = sh_buf + warp * NS * SB;
+    const int32_t first = cs + warp * TILE;
+    const int nt =
+        first < ce ? (ce - first + NWARPS * TILE - 1) / (NWARPS * TILE) : 0;
+#pragma unroll
+    for (int k = 0; k < NS - 1; k++) {
+      if (k < nt) {
+        const int32_t ts = first + k * NWARPS * TILE;
+        pipe_issue<FMT, DT, D>(p, tile_at(p, table, kvh, ts, ce), g, t, lane,
+                               wbuf + k * SB);
+      }
+      cp_commit();
+    }
+    for (int k = 0; k < nt; k++) {
+      const int kn = k + NS - 1;
+      if (kn < nt) {
+        const int32_t ts = first + kn * NWARPS * TILE;
+        pipe_issue<FMT, DT, D>(p, tile_at(p, table, kvh, ts, ce), g, t, lane,
+                               wbuf + (kn % NS) * SB);
+      }
+      cp_commit();
+      cp_wait<NS - 1>();
+      tile_regs<FMT, DT, D> r;
+      pipe_read<FMT, DT, D>(wbuf + (k % NS) * SB, lane, r);
+      tile_addr ta;
+      ta.row0 = ta.sc0 = 0; /* loaded already */
+      ta.last = min(TILE - 1, ce - 1 - (first + k * NWARPS * TILE));
+      tile_step<FMT, DT, D>(p, ta, g, t, r, qb, o, m0, m1, l0, l1, sh_p[warp]);
+    }
+    cp_wait<0>();
+  } else {
+    /* warp w takes groups of U consecutive tiles: w, w + NWARPS, ... */
+    for (int32_t gs = cs + warp * U * TILE; gs < ce; gs += NWARPS * U * TILE) {
+      tile_addr ta[U];
+      tile_regs<FMT, DT, D> r[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int32_t ts = gs + u * TILE;
+        if (ts < ce) {
+          const uint32_t page =
+              (uint32_t)__ldg(table + ts / (int32_t)p.block_size);
+          const uint32_t off0 = (uint32_t)ts % p.block_size;
+          ta[u].row0 =
+              ((uint64_t)page * p.block_size + off0) * p.kv_heads + kvh;
+          ta[u].sc0 = ((uint64_t)page * p.kv_heads + kvh) * p.block_size + off0;
+          ta[u].last = min(TILE - 1, ce - 1 - ts);
+          load_k<FMT, DT, D>(p, ta[u], g, t, r[u]);
+          if constexpr (plan<FMT, DT, D>::early_v)
+            load_v<FMT, DT, D>(p, ta[u], g, t, r[u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (gs + u * TILE < ce)
+          tile_step<FMT, DT, D>(p, ta[u], g, t, r[u], qb, o, m0, m1, l0, l1,
+                                sh_p[warp]);
+    }
+  }
+  __syncthreads(); /* the pipeline's buffer becomes sh_o */
+
+  /* the warp's sums over its lanes' tokens */
+#pragma unroll
+  for (int x = 4; x < 32; x <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+  }
+  if (g == 0) {
+    sh_m[warp][2 * t] = m0, sh_m[warp][2 * t + 1] = m1;
+    sh_l[warp][2 * t] = l0, sh_l[warp][2 * t + 1] = l1;
+  }
+#pragma unroll
+  for (int j = 0; j < G::NT; j++) {
+    const int d0 = slice_dim<G::EPUV, 8>(g, 2 * j),
+              d1 = slice_dim<G::EPUV, 8>(g, 2 * j + 1);
+    sh_o[warp][2 * t][d0] = o[j][0];
+    sh_o[warp][2 * t + 1][d0] = o[j][1];
+    sh_o[warp][2 * t][d1] = o[j][2];
+    sh_o[warp][2 * t + 1][d1] = o[j][3];
+  }
+  __syncthreads();
+
+  for (int idx = threadIdx.x; idx < nheads * D; idx += NWARPS * 32) {
+    const int h = idx / D, d = idx % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NWARPS; w++)
+      mx = fmaxf(mx, sh_m[w][h]);
+    float L = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NWARPS; w++) {
+      const float e = sh_m[w][h] == -INFINITY ? 0.0f : exp2f(sh_m[w][h] - mx);
+      L += sh_l[w][h] * e;
+      acc += sh_o[w][h][d] * e;
+    }
+    const float val = L > 0.0f ? acc / L : 0.0f;
+    const uint64_t qrow = (uint64_t)b * p.q_heads + qh0 + h;
+    if (p.splits == 1) {
+      reinterpret_cast<uint16_t *>(p.out)[qrow * D + d] = f_to_h16<DT>(val);
+    } else {
+      const uint64_t prow = qrow * p.splits + split;
+      reinterpret_cast<float *>(p.part_o)[prow * D + d] = val;
+      if (d == 0) {
+        reinterpret_cast<float *>(p.part_ml)[2 * prow] = mx;
+        reinterpret_cast<float *>(p.part_ml)[2 * prow + 1] = L;
+      }
+    }
+  }
+}
+
+/* Merges the splits of one (sequence, q head) row: blockDim.x = head_dim. */
+template <int DT> __global__ void combine_kernel(const kvt_attn_kparams p) {
+  const uint64_t row = blockIdx.x;
+  const uint32_t S = p.splits, D = p.head_dim;
+  const float *ml = reinterpret_cast<const float *>(p.part_ml) + row * S * 2;
+  const float *po = reinterpret_cast<const float *>(p.part_o) + row * S * D;
+  float mx = -INFINITY;
+  for (uint32_t s = 0; s < S; s++)
+    mx = fmaxf(mx, ml[2 * s]);
+  float L = 0.0f, acc = 0.0f;
+  for (uint32_t s = 0; s < S; s++) {
+    const float m = ml[2 * s];
+    const float w = m == -INFINITY ? 0.0f : ml[2 * s + 1] * exp2f(m - mx);
+    L += w;
+    acc += w * po[(uint64_t)s * D + threadIdx.x];
+  }
+  reinterpret_cast<uint16_t *>(p.out)[row * D + threadIdx.x] =
+      f_to_h16<DT>(L > 0.0f ? acc / L : 0.0f);
+}
+
+template <int FMT, int DT, int D>
+int launch_decode_d(const kvt_attn_kparams *p, cudaStream_t st) {
+  const dim3 grid(p->splits, p->kv_heads * p->head_chunks, p->batch);
+  decode_kernel<FMT, DT, D><<<grid, NWARPS * 32, 0, st>>>(*p);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || p->splits == 1)
+    return (int)e;
+  combine_kernel<DT><<<p->batch * p->q_heads, p->head_dim, 0, st>>>(*p);
+  return (int)cudaGetLastError();
+}
+
+template <int FMT, int DT>
+int launch_decode_f(const kvt_attn_kparams *p, cudaStream_t st) {
+  switch (p->head_dim) {
+  case 64:
+    return launch_decode_d<FMT, DT, 64>(p, st);
+  case 128:
+    return launch_decode_d<FMT, DT, 128>(p, st);
+  default:
+    return launch_decode_d<FMT, DT, 256>(p, st);
+  }
+}
+
+template <int DT>
+int launch_decode(const kvt_attn_kparams *p, cudaStream_t st) {
+  switch (p->format) {
+  case KVT_ATTN_RAW:
+    return launch_decode_f<KVT_ATTN_RAW, DT>(p, st);
+  case KVT_ATTN_K16V8:
+    return launch_decode_f<KVT_ATTN_K16V8, DT>(p, st);
+  case KVT_ATTN_FP8:
+    return launch_decode_f<KVT_ATTN_FP8, DT>(p, st);
+  default:
+    return launch_decode_f<KVT_ATTN_INT4, DT>(p, st);
+  }
+}
+
+/* ---- append: the codec's arithmetic (FORMAT.md section 4) ---- */
+
+__device__ __forceinline__ void scale_for(float amax, float qmax, float *scale,
+                                          float *inv) {
+  if (!(amax >= TINY_AMAX)) {
+    *scale = 0.0f;
+    *inv = 0.0f;
+    return;
+  }
+  *scale = __fdiv_rn(amax, qmax);
+  *inv = __fdiv_rn(1.0f, *scale);
+}
+
+__device__ __forceinline__ uint8_t q_e4m3(float x, float inv) {
+  return (uint8_t)__nv_cvt_float_to_fp8(__fmul_rn(x, inv), __NV_SATFINITE,
+                                        __NV_E4M3);
+}
+
+__device__ __forceinline__ uint8_t q_i4(float x, float zero, float inv) {
+  float r = rintf(__fmul_rn(__fsub_rn(x, zero), inv));
+  r = r > 15.0f ? 15.0f : r;
+  r = r < 0.0f ? 0.0f : r;
+  return (uint8_t)r;
+}
+
+/* i4 group parameters; a group out of fp16 range gets unspecified codes. */
+__device__ __forceinline__ void i4_params(float mn, float mx, uint32_t *packed,
+                                          float *zero, float *inv) {
+  mn = __fadd_rn(mn, 0.0f); /* a zero extreme is +0 whatever its sign */
+  mx = __fadd_rn(mx, 0.0f);
+  const __half zh = __float2half_rd(mn);
+  const float z = __half2float(zh);
+  const __half sh = __float2half_ru(__fdiv_rn(__fsub_rn(mx, z), 15.0f));
+  const float s = __half2float(sh);
+  *packed =
+      (uint32_t)__half_as_ushort(sh) | ((uint32_t)__half_as_ushort(zh) << 16);
+  *zero = z;
+  *inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
+}
+
+/* One warp per (token, kv head), E = D/32 elements per lane. */
+template <int DT, int E>
+__device__ void append_row(const kvt_attn_aparams &p, int kind, int fmt,
+                           uint64_t slot, uint32_t tok, uint32_t h, int lane) {
+  const uint32_t D = p.head_dim, H = p.kv_heads;
+  const uint16_t *src =
+      reinterpret_cast<const uint16_t *>(kind ? p.v_src : p.k_src) +
+      ((uint64_t)tok * H + h) * D + (uint32_t)lane * E;
+  float x[E];
+  uint16_t raw[E];
+#pragma unroll
+  for (int i = 0; i < E; i++) {
+    raw[i] = src[i];
+    x[i] = h16_to_f<DT>(raw[i]);
+  }
+  const uint64_t page = slot / p.block_size, off = slot % p.block_size;
+  const uint64_t row = slot * H + h; /* codes row index */
+  const uint64_t sidx = (page * H + h) * p.block_size + off; /* scale index */
+  uint8_t *codes = reinterpret_cast<uint8_t *>(kind ? p.v : p.k);
+  void *scales = reinterpret_cast<void *>(kind ? p.v_scale : p.k_scale);
+  if (fmt == KVT_FMT_N16) {
+    uint16_t *dst =
+        reinterpret_cast<uint16_t *>(codes) + row * D + (uint32_t)lane * E;
+#pragma unroll
+    for (int i = 0; i < E; i++)
+      dst[i] = raw[i];
+  } else if (fmt == KVT_FMT_E4M3) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < E; i++)
+      amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1)
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, s));
+    float scale, inv;
+    scale_for(amax, 448.0f, &scale, &inv);
+    uint8_t *dst = codes + row * D + (uint32_t)lane * E;
+#pragma unroll
+    for (int i = 0; i < E; i++)
+      dst[i] = q_e4m3(x[i], inv);
+    if (lane == 0)
+      reinterpret_cast<float *>(scales)[sidx] = scale;
+  } else { /* i4 along dim, groups of 32 = 32/E lanes */
+    float mn = x[0], mx = x[0];
+#pragma unroll
+    for (int i = 1; i < E; i++) {
+      mn = fminf(mn, x[i]);
+      mx = fmaxf(mx, x[i]);
+    }
+#pragma unroll
+    for (int s = 16 / E; s > 0; s >>= 1) {
+      mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, s));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, s));
+    }
+    uint32_t packed;
+    float zero, inv;
+    i4_params(mn, mx, &packed, &zero, &inv);
+    uint8_t *dst = codes + row * (D / 2) + (uint32_t)lane * (E / 2);
+#pragma unroll
+    for (int i = 0; i < E; i += 2)
+      dst[i / 2] =
+          (uint8_t)(q_i4(x[i], zero, inv) | (q_i4(x[i + 1], zero, inv) << 4));
+    if (lane % (32 / E) == 0)
+      reinterpret_cast<uint32_t *>(
+          scales)[sidx * (D / 32) + (uint32_t)lane / (32 / E)] = packed;
+  }
+}
+
+template <int DT, int E>
+__global__ void append_kernel(const kvt_attn_aparams p) {
+  const uint32_t tok = blockIdx.x;
+  const uint32_t h = blockIdx.y * 4 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (h >= p.kv_heads)
+    return;
+  const int64_t slot = reinterpret_cast<const int64_t *>(p.slots)[tok];
+  if (slot < 0 || (uint64_t)slot >= p.slot_limit)
+    return;
+  const int fk = p.format == KVT_ATTN_FP8    ? KVT_FMT_E4M3
+                 : p.format == KVT_ATTN_INT4 ? KVT_FMT_I4
+                                             : KVT_FMT_N16;
+  const int fv = p.format == KVT_ATTN_RAW    ? KVT_FMT_N16
+                 : p.format == KVT_ATTN_INT4 ? KVT_FMT_I4
+                                             : KVT_FMT_E4M3;
+  append_row<DT, E>(p, 0, fk, (uint64_t)slot, tok, h, lane);
+  append_row<DT, E>(p, 1, fv, (uint64_t)slot, tok, h, lane);
+}
+
+template <int DT>
+int launch_append(const kvt_attn_aparams *p, cudaStream_t st) {
+  const dim3 grid(p->batch, (p->kv_heads + 3) / 4);
+  switch (p->head_dim) {
+  case 64:
+    append_kernel<DT, 2><<<grid, 128, 0, st>>>(*p);
+    break;
+  case 128:
+    append_kernel<DT, 4><<<grid, 128, 0, st>>>(*p);
+    break;
+  default:
+    append_kernel<DT, 8><<<grid, 128, 0, st>>>(*p);
+    break;
+  }
+  return (int)cudaGetLastError();
+}
+
+} // namespace kvt_attn_dev
+using namespace kvt_attn_dev;
+
+extern "C" int kvt_attnrt_decode(const kvt_attn_kparams *p, void *stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  return p->dtype == KVT_DTYPE_BF16 ? launch_decode<KVT_DTYPE_BF16>(p, st)
+                                    : launch_decode<KVT_DTYPE_F16>(p, st);
+}
+
+extern "C" int kvt_attnrt_append(const kvt_attn_aparams *p, void *stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  return p->dtype == KVT_DTYPE_BF16 ? launch_append<KVT_DTYPE_BF16>(p, st)
+                                    : launch_append<KVT_DTYPE_F16>(p, st);
+}
+
+extern "C" int kvt_attnrt_sm_count(uint32_t *n) {
+  int dev = 0, v = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return (int)e;
+  }
+  *n = (uint32_t)v;
+  return 0;
+}

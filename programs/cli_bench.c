@@ -35,8 +35,11 @@ static const char bench_help[] =
     "  --json             machine-readable output\n"
     "\n"
     "Also: kvtier bench tier --help (tier throughput against memcpy and fio),\n"
-    "kvtier bench cache --help (prefix lookup time over a long context) and\n"
-    "kvtier bench gpu --help (fused GPU load/store against cudaMemcpy).\n";
+    "kvtier bench cache --help (prefix lookup time over a long context),\n"
+    "kvtier bench gpu --help (fused GPU load/store against cudaMemcpy),\n"
+    "kvtier bench attn --help (decode attention over compressed caches),\n"
+    "kvtier bench redis --help (the redis tier against redis-benchmark) and\n"
+    "kvtier bench fabric --help (the fabric tier against fi_pingpong).\n";
 
 static const char *const bench_specs[] = {
     "raw", "k16v8", "fp8", "int8", "k16v4", "k8v4", "int4", "int4,kgroup=dim",
@@ -307,7 +310,7 @@ int cli_bench_main(int argc, char **argv) {
       fputs(bench_help, stdout);
       return CLI_OK;
     }
-    return cli_usage_error("bench", "expected 'kvtier bench codec|tier|cache|gpu [OPTIONS]'");
+    return cli_usage_error("bench", "expected 'kvtier bench codec|tier|cache|gpu|attn|redis|fabric [OPTIONS]'");
   }
   bench b;
   memset(&b, 0, sizeof(b));

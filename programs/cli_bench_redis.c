@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
@@ -33,7 +34,7 @@ static const char redis_help[] =
     "127.0.0.1 port (no persistence) and stops it afterwards.\n"
     "\n"
     "Options:\n"
-    "  --url URL        a redis:// spec (kvtier/tier.h); AUTH is passed to redis-benchmark\n"
+    "  --url URL        a redis:// spec (kvtier/tier.h); AUTH and /DB go to redis-benchmark\n"
     "  --size SIZE      payload size (1MiB)\n"
     "  --clients N      connections of both (4)\n"
     "  --pipeline P     commands in flight per connection (4)\n"
@@ -44,7 +45,7 @@ typedef struct rb {
   const char *url, *size_s;
   uint32_t clients, pipeline, requests, reps;
   uint64_t size;
-  char host[256], port[16], user[128], pass[256];
+  char host[256], port[16], user[128], pass[256], db[16];
   pid_t server;
   char dir[256];
 } rb;
@@ -90,8 +91,12 @@ static int start_server(rb *b) {
   }
   snprintf(b->host, sizeof(b->host), "127.0.0.1");
   snprintf(b->port, sizeof(b->port), "%d", port);
+  const pid_t parent = getpid();
   b->server = fork();
   if (b->server == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the benchmark */
+    if (getppid() != parent)
+      _exit(1);
     const int null = open("/dev/null", O_WRONLY);
     dup2(null, 1);
     dup2(null, 2);
@@ -117,27 +122,66 @@ static void stop_server(rb *b) {
     rmdir(b->dir);
 }
 
-/* HOST, PORT, USER, PASSWORD of --url (for redis-benchmark). */
+static int hexval(char ch) {
+  return ch >= '0' && ch <= '9'   ? ch - '0'
+         : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+         : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                  : -1;
+}
+
+/* %XX as the tier decodes it (two hex digits, not %00). */
+static int unescape(char *dst, size_t cap, const char *src, size_t n) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = src[i];
+    if (ch == '%') {
+      const int hi = i + 2 < n ? hexval(src[i + 1]) : -1, lo = i + 2 < n ? hexval(src[i + 2]) : -1;
+      if (hi < 0 || lo < 0 || (hi | lo) == 0)
+        return -1;
+      ch = (char)(hi << 4 | lo);
+      i += 2;
+    }
+    if (k + 1 >= cap)
+      return -1;
+    dst[k++] = ch;
+  }
+  dst[k] = '\0';
+  return 0;
+}
+
+/* HOST ([IPv6] too), PORT, USER, PASSWORD (%XX decoded) and DB of --url, as
+ * the tier reads them (for redis-benchmark). */
 static int parse_url(rb *b) {
   const char *p = strncmp(b->url, "redis://", 8) == 0 ? b->url + 8 : NULL;
   if (!p)
-    return cli_usage_error("bench redis", "--url must be redis://[USER:PASSWORD@]HOST:PORT");
+    return cli_usage_error("bench redis", "--url must be redis://[USER:PASSWORD@]HOST:PORT[/DB]");
   const char *end = p + strcspn(p, "/?"), *at = NULL;
   for (const char *q = p; q < end; q++)
     at = *q == '@' ? q : at;
   if (at) {
     const char *colon = memchr(p, ':', (size_t)(at - p));
-    if (colon) {
-      snprintf(b->user, sizeof(b->user), "%.*s", (int)(colon - p), p);
-      snprintf(b->pass, sizeof(b->pass), "%.*s", (int)(at - colon - 1), colon + 1);
-    }
+    const char *pw = colon ? colon + 1 : p;
+    if (unescape(b->user, sizeof(b->user), p, colon ? (size_t)(colon - p) : 0) ||
+        unescape(b->pass, sizeof(b->pass), pw, (size_t)(at - pw)))
+      return cli_usage_error("bench redis", "--url has a bad USER:PASSWORD@");
     p = at + 1;
   }
-  const char *colon = memchr(p, ':', (size_t)(end - p));
-  if (!colon)
+  const char *colon = NULL, *host = p, *host_end;
+  for (const char *q = p; q < end; q++)
+    colon = *q == ':' ? q : colon;
+  host_end = colon;
+  if (*p == '[') { /* [IPv6]:PORT */
+    const char *close = memchr(p, ']', (size_t)(end - p));
+    colon = close && close + 1 < end && close[1] == ':' ? close + 1 : NULL;
+    host = p + 1;
+    host_end = close;
+  }
+  if (!colon || host_end <= host || colon + 1 >= end)
     return cli_usage_error("bench redis", "--url needs HOST:PORT");
-  snprintf(b->host, sizeof(b->host), "%.*s", (int)(colon - p), p);
+  snprintf(b->host, sizeof(b->host), "%.*s", (int)(host_end - host), host);
   snprintf(b->port, sizeof(b->port), "%.*s", (int)(end - colon - 1), colon + 1);
+  if (*end == '/' && end[1] && end[1] != '?')
+    snprintf(b->db, sizeof(b->db), "%.*s", (int)strcspn(end + 1, "?"), end + 1);
   return 0;
 }
 
@@ -197,6 +241,8 @@ static void benchmark_argv(const rb *b, char args[][32], char **argv) {
     argv[n++] = "--user", argv[n++] = (char *)b->user;
   if (b->pass[0])
     argv[n++] = "-a", argv[n++] = (char *)b->pass;
+  if (b->db[0])
+    argv[n++] = "--dbnum", argv[n++] = (char *)b->db;
   argv[n] = NULL;
 }
 

@@ -41,7 +41,12 @@ typedef struct rfx_server {
   const char *pass; /* for PING while waiting (requirepass) */
 } rfx_server;
 
+/* The servers started and not stopped: rfx_all[i] names one (compared,
+ * never read: it may be a dead stack frame by exit), with copies of its pid
+ * and directory that the exit hook kills and removes. */
 static rfx_server *rfx_all[RFX_MAX_SERVERS];
+static pid_t rfx_all_pid[RFX_MAX_SERVERS];
+static char rfx_all_dir[RFX_MAX_SERVERS][256];
 
 RFX_FN void rfx_sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -69,32 +74,60 @@ RFX_FN void rfx_rmdir(const char *dir) {
 
 RFX_FN void rfx_kill_all(void) {
   for (int i = 0; i < RFX_MAX_SERVERS; i++) {
-    rfx_server *s = rfx_all[i];
-    if (!s)
-      continue;
-    if (s->pid > 0) {
-      kill(s->pid, SIGKILL);
-      waitpid(s->pid, NULL, 0);
-      s->pid = 0;
+    if (rfx_all_pid[i] > 0) {
+      kill(rfx_all_pid[i], SIGKILL);
+      waitpid(rfx_all_pid[i], NULL, 0);
     }
-    if (s->dir[0])
-      rfx_rmdir(s->dir);
-    s->dir[0] = '\0';
+    if (rfx_all_dir[i][0])
+      rfx_rmdir(rfx_all_dir[i]);
     rfx_all[i] = NULL;
+    rfx_all_pid[i] = 0;
+    rfx_all_dir[i][0] = '\0';
   }
 }
 
-RFX_FN void rfx_register(rfx_server *s) {
+RFX_FN int rfx_slot(const rfx_server *s) {
+  for (int i = 0; i < RFX_MAX_SERVERS; i++)
+    if (rfx_all[i] == s)
+      return i;
+  return -1;
+}
+
+/* Copies s's pid and directory into its entry (after every change). */
+RFX_FN void rfx_track(const rfx_server *s) {
+  const int i = rfx_slot(s);
+  if (i >= 0) {
+    rfx_all_pid[i] = s->pid;
+    snprintf(rfx_all_dir[i], sizeof(rfx_all_dir[i]), "%s", s->dir);
+  }
+}
+
+RFX_FN int rfx_register(rfx_server *s) {
   static int hooked;
   if (!hooked) {
     atexit(rfx_kill_all);
     hooked = 1;
   }
-  for (int i = 0; i < RFX_MAX_SERVERS; i++)
-    if (rfx_all[i] == s || !rfx_all[i]) {
-      rfx_all[i] = s;
-      return;
-    }
+  int i = rfx_slot(s);
+  if (i < 0)
+    i = rfx_slot(NULL);
+  if (i < 0) {
+    fprintf(stderr, "redis_fixture: more than %d servers at once; stop some first\n",
+            RFX_MAX_SERVERS);
+    return -ENOSPC;
+  }
+  rfx_all[i] = s;
+  rfx_track(s);
+  return 0;
+}
+
+RFX_FN void rfx_unregister(const rfx_server *s) {
+  const int i = rfx_slot(s);
+  if (i >= 0) {
+    rfx_all[i] = NULL;
+    rfx_all_pid[i] = 0;
+    rfx_all_dir[i][0] = '\0';
+  }
 }
 
 RFX_FN int rfx_port_free(int port) {
@@ -183,7 +216,12 @@ RFX_FN int rfx_start(rfx_server *s) {
     if (!mkdtemp(s->dir))
       return -errno;
   }
-  rfx_register(s);
+  const int reg = rfx_register(s);
+  if (reg) {
+    rfx_rmdir(s->dir);
+    s->dir[0] = '\0';
+    return reg;
+  }
   const int fixed = s->port != 0;
   srand((unsigned)(getpid() ^ time(NULL)));
   for (int attempt = 0; attempt < (fixed ? 1 : 20); attempt++) {
@@ -195,6 +233,7 @@ RFX_FN int rfx_start(rfx_server *s) {
     s->pid = rfx_spawn(s);
     if (s->pid < 0)
       return -errno;
+    rfx_track(s);
     for (int i = 0; i < 1000; i++) { /* 10 s */
       if (rfx_pinged(s))
         return 0;
@@ -205,12 +244,14 @@ RFX_FN int rfx_start(rfx_server *s) {
     kill(s->pid, SIGKILL);
     waitpid(s->pid, NULL, 0);
     s->pid = 0;
+    rfx_track(s);
     if (fixed) /* the old socket may linger briefly: one more try */
       for (int i = 0; i < 50 && !rfx_port_free(s->port); i++)
         rfx_sleep_ms(100);
   }
   if (fixed) {
     s->pid = rfx_spawn(s);
+    rfx_track(s);
     for (int i = 0; i < 1000 && s->pid > 0; i++) {
       if (rfx_pinged(s))
         return 0;
@@ -226,14 +267,20 @@ RFX_FN void rfx_signal(rfx_server *s, int sig) {
     waitpid(s->pid, NULL, 0);
     s->pid = 0;
   }
+  rfx_track(s);
 }
 
+/* Stops s and forgets it (it may live on the stack). */
 RFX_FN void rfx_stop(rfx_server *s) {
   rfx_signal(s, SIGTERM);
   if (s->dir[0])
     rfx_rmdir(s->dir);
   s->dir[0] = '\0';
+  rfx_unregister(s);
 }
+
+/* Kills s, keeping its directory and port for rfx_start (a restart); the exit
+ * hook removes the directory of one not restarted. */
 
 RFX_FN void rfx_kill9(rfx_server *s) { rfx_signal(s, SIGKILL); }
 

@@ -4,44 +4,65 @@
  *   redis://[USER:PASSWORD@]HOST:PORT[/DB][?OPTIONS]
  *   redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][?OPTIONS]
  * USER may be empty (":PASSWORD@": AUTH PASSWORD; otherwise AUTH USER
- * PASSWORD for an ACL user); %XX escapes are decoded in both. HOST may be a
- * name, an IPv4 address or [IPv6]. The cluster form takes any number of seed
- * nodes and learns the rest with CLUSTER SLOTS. OPTIONS, joined with '&':
+ * PASSWORD for an ACL user); %XX escapes (two hex digits, not %00) are
+ * decoded in both. HOST may be a name, an IPv4 address or [IPv6]. The
+ * cluster form takes any number of seed nodes and learns the rest with
+ * CLUSTER SLOTS. OPTIONS, joined with '&':
  *   ns=NAME          key namespace, one per deployment (default "default");
  *                    letters, digits and _ - . / only
  *   ttl=SECONDS      every key expires after this (default 0: never)
- *   timeout_ms=N     connect and socket timeout of every call (default 2000)
+ *   timeout_ms=N     connect timeout, the limit for each reply (however
+ *                    slowly the server sends it), and for a write that
+ *                    makes no progress (default 2000)
  *   capacity=SIZE    what the tier may hold, enforced by this handle on what
  *                    it wrote (default: no limit of its own; capacity is then
- *                    reported as the servers' maxmemory, or their RAM)
+ *                    reported as what this handle holds plus what the masters
+ *                    have free, maxmemory (or RAM) less their used_memory,
+ *                    learned at open, every 10 s and when a server refuses a
+ *                    PUT for memory that the stats said would fit)
  *   part=SIZE        values above this are split into parts (default 64MiB,
  *                    at most 511MiB, Redis' bulk limit is 512MB)
  *   conns=N          worker threads, each with one connection per node (4)
  *   pipeline=N       operations one worker sends before reading replies (32)
  *
  * Keys: kvt:NS:{HEX} holds a 32-byte header (magic, generation, length, part
- * count and size) and the first part; kvt:NS:{HEX}:p<i> the others (see
- * tier_redis_ops.c). A missing, expired, torn or foreign value is a miss
- * (a GET that misses or fails may have written into its buffer, never past
- * the value's length or the buffer's capacity). A failed PUT of a value that
- * needs several parts removes the key; a single-part PUT leaves the old value.
+ * count and size) and the first part; kvt:NS:{HEX}:GEN:p<i> the others, GEN
+ * naming the PUT that wrote them (see tier_redis_ops.c). A PUT of one part
+ * is one transaction (MULTI, GETRANGE of the old header, SET, EXEC); a PUT
+ * of several writes them all, then switches the value key in one script
+ * (EVAL: checks the parts, RENAME). So a failed PUT leaves any old value in
+ * place, and concurrent PUTs and DELs of one key keep items and used exact.
+ * Values are split into at most 1024 parts (larger than part= where
+ * needed). A missing, expired, torn or foreign value is a miss (a GET that
+ * misses or fails may have written into its buffer, never past the value's
+ * length or the buffer's capacity).
  * Errors: a full server (OOM, maxmemory with noeviction) is -ENOSPC; a dead
  * or unreachable server fails the operations on it with -ECONNREFUSED,
  * -ECONNRESET, -ETIMEDOUT (or KVT_EBACKEND), logged, and the next operation
- * reconnects (backing off up to 1 s while it cannot); a server that is
- * loading, or a cluster that is failing over (LOADING, TRYAGAIN, CLUSTERDOWN,
- * READONLY), is -EAGAIN; refused AUTH is KVT_EAUTH. Stats: items and used count the values this handle wrote and
- * deleted (other clients' values and TTL expiry are not seen; list() walks
- * the servers for the truth); capacity is 0 when neither capacity= nor the
- * servers (INFO memory) say. QUERY reads the header only: a value whose
- * parts are gone reports its length and then misses on GET.
+ * reconnects (backing off up to 1 s while it cannot); a connection the
+ * server closed while idle (its `timeout`) is replaced before use; a server
+ * that is loading, or a cluster that is failing over (LOADING, TRYAGAIN,
+ * CLUSTERDOWN, READONLY), is -EAGAIN; refused AUTH is KVT_EAUTH.
+ * Stats: items and used count the values this handle wrote and deleted, each
+ * value item_overhead (its header and an estimate of Redis' memory per key,
+ * RD_ITEM_OVERHEAD) + its length (other clients' values and TTL expiry are
+ * not seen; list() walks the servers for the truth). With ttl= and
+ * capacity=, a PUT that would not fit first counts the namespace again from
+ * the servers (at most once a second), so expired values stop holding
+ * capacity; items and used are then the namespace's. capacity is 0 when
+ * neither capacity= nor the servers (INFO memory) say. QUERY reads the
+ * header only: a value whose parts are gone reports its length and then
+ * misses on GET.
  * Open connects to a seed (to the server) and fails when it cannot, with
- * the reason (refused connection, AUTH reply) in kvt_ctx_last_error.
+ * the reason (refused connection, AUTH reply) in kvt_ctx_last_error. An ACL
+ * user needs GET, SET, GETRANGE, DEL, MULTI, EXEC, EVAL (EXISTS, TYPE,
+ * RENAME inside), SCAN, INFO, PING (and CLUSTER SLOTS, ASKING).
  * Cluster: the slot of a key is CRC16 of its hash tag; slot owners come from
- * CLUSTER SLOTS; MOVED updates the map (and schedules a refresh), ASK is
- * followed with ASKING, at most 5 redirects per operation; a connection
- * error, READONLY or CLUSTERDOWN refreshes the map (at most every 100 ms),
- * which follows a failover. At most 64 nodes. */
+ * CLUSTER SLOTS; MOVED updates the map (and schedules a refresh; a MOVED
+ * without a host, cluster-preferred-endpoint-type unknown-endpoint, names
+ * the node that replied), ASK is followed with ASKING, at most 5 redirects
+ * per operation; a connection error, READONLY or CLUSTERDOWN refreshes the
+ * map (at most every 100 ms), which follows a failover. At most 64 nodes. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,19 +71,24 @@
 
 /* ---- spec ---- */
 
+static int hexval(char ch) {
+  return ch >= '0' && ch <= '9'   ? ch - '0'
+         : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+         : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                  : -1;
+}
+
+/* %XX escapes: exactly two hex digits, never %00 (a NUL would cut the
+ * credential short and AUTH with another one). */
 static int unescape(char *dst, size_t cap, const char *src, size_t n) {
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
     char ch = src[i];
     if (ch == '%') {
-      if (i + 2 >= n)
+      const int hi = i + 2 < n ? hexval(src[i + 1]) : -1, lo = i + 2 < n ? hexval(src[i + 2]) : -1;
+      if (hi < 0 || lo < 0 || (hi | lo) == 0)
         return -1;
-      char hx[3] = {src[i + 1], src[i + 2], 0};
-      char *end;
-      const long v = strtol(hx, &end, 16);
-      if (*end)
-        return -1;
-      ch = (char)v;
+      ch = (char)(hi << 4 | lo);
       i += 2;
     }
     if (k + 1 >= cap)
@@ -216,33 +242,59 @@ static uint64_t info_field(const char *info, const char *name) {
   return p ? strtoull(p + strlen(name), NULL, 10) : 0;
 }
 
-/* The sum of the masters' maxmemory (or RAM where it is 0). */
-static void learn_capacity(rd_state *st) {
-  int used[RD_MAX_NODES] = {0};
-  uint64_t sum = 0;
-  for (int s = 0; s < RD_SLOTS; s++) {
-    const int n = st->cluster ? st->slot_node[s] : 0;
-    if (n == RD_NO_NODE || used[n])
-      continue;
-    used[n] = 1;
-    rd_conn c;
-    memset(&c, 0, sizeof(c));
-    c.fd = -1;
-    redisReply *r = NULL;
-    const char *argv[2] = {"INFO", "memory"};
-    const size_t lens[2] = {4, 6};
-    if (rd_conn_open(st, n, &c, 0) == 0 && rd_ctl(st, &c, 2, argv, lens, &r) == 0) {
-      if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) {
-        const uint64_t mm = info_field(r->str, "\nmaxmemory:");
-        sum += mm ? mm : info_field(r->str, "total_system_memory:");
-      }
-      freeReplyObject(r);
+/* What one server has free: maxmemory (or its RAM where that is 0) less
+ * what it uses now, its own memory and other clients' keys included; 0 when
+ * it does not answer. */
+static uint64_t node_free(rd_state *st, int node, int *answered) {
+  rd_conn c;
+  memset(&c, 0, sizeof(c));
+  c.fd = -1;
+  redisReply *r = NULL;
+  const char *argv[2] = {"INFO", "memory"};
+  const size_t lens[2] = {4, 6};
+  uint64_t free_b = 0;
+  if (rd_conn_open(st, node, &c, 0) == 0 && rd_ctl(st, &c, 2, argv, lens, &r) == 0) {
+    if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) {
+      const uint64_t mm = info_field(r->str, "\nmaxmemory:");
+      const uint64_t limit = mm ? mm : info_field(r->str, "total_system_memory:");
+      const uint64_t used = info_field(r->str, "\nused_memory:");
+      free_b = limit > used ? limit - used : 0;
+      *answered += limit > 0;
     }
-    rd_conn_free(st, &c);
-    if (!st->cluster)
-      break;
+    freeReplyObject(r);
   }
-  st->server_capacity = sum;
+  rd_conn_free(st, &c);
+  return free_b;
+}
+
+/* Without capacity=, the tier may hold what it holds plus what the masters
+ * have free: so a server that refuses a PUT for memory (-ENOSPC) has the
+ * tier report used close to capacity, and the cache evicts in time. Learned
+ * at open, after such a refusal and every 10 s while operations run. */
+void rd_learn_capacity(rd_state *st, uint64_t min_age_ms) {
+  const uint64_t now = rd_now_ms();
+  if (now < __atomic_load_n(&st->learned_ms, __ATOMIC_RELAXED) + min_age_ms ||
+      pthread_mutex_trylock(&st->learn_mu) != 0)
+    return;
+  int masters[RD_MAX_NODES], n = 0, seen[RD_MAX_NODES] = {0}, answered = 0;
+  pthread_mutex_lock(&st->map_mu);
+  for (int s = 0; s < RD_SLOTS && (st->cluster || n == 0); s++) {
+    const int node = st->cluster ? st->slot_node[s] : 0;
+    if (node != RD_NO_NODE && !seen[node]) {
+      seen[node] = 1;
+      masters[n++] = node;
+    }
+  }
+  pthread_mutex_unlock(&st->map_mu);
+  uint64_t free_sum = 0;
+  for (int i = 0; i < n; i++)
+    free_sum += node_free(st, masters[i], &answered);
+  pthread_mutex_lock(&st->acct_mu);
+  if (answered)
+    st->server_capacity = (uint64_t)(st->used > 0 ? st->used : 0) + free_sum;
+  pthread_mutex_unlock(&st->acct_mu);
+  __atomic_store_n(&st->learned_ms, rd_now_ms(), __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&st->learn_mu);
 }
 
 static int reach(rd_state *st) {
@@ -276,6 +328,7 @@ static void state_free(rd_state *st) {
   pthread_mutex_destroy(&st->q_mu);
   pthread_cond_destroy(&st->q_cv);
   pthread_mutex_destroy(&st->acct_mu);
+  pthread_mutex_destroy(&st->learn_mu);
   kvt_dealloc(st->ctx, st);
 }
 
@@ -326,6 +379,7 @@ static int open_common(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **st
   pthread_mutex_init(&st->q_mu, NULL);
   pthread_cond_init(&st->q_cv, NULL);
   pthread_mutex_init(&st->acct_mu, NULL);
+  pthread_mutex_init(&st->learn_mu, NULL);
   int rc = parse_spec(st, args);
   if (!rc) {
     st->nseeds = st->nnodes;
@@ -333,7 +387,8 @@ static int open_common(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **st
     rc = reach(st);
   }
   if (!rc) {
-    learn_capacity(st);
+    if (!st->capacity)
+      rd_learn_capacity(st, 0);
     rc = start_workers(st);
   }
   if (rc) {
@@ -377,17 +432,32 @@ static int redis_stats(void *state, kvt_tier_stats *out) {
   pthread_mutex_lock(&st->acct_mu);
   out->used = st->used > 0 ? (uint64_t)st->used : 0;
   out->items = st->items > 0 ? (uint64_t)st->items : 0;
-  pthread_mutex_unlock(&st->acct_mu);
   out->capacity = st->capacity ? st->capacity : st->server_capacity;
-  out->item_overhead = RD_HDR;
+  pthread_mutex_unlock(&st->acct_mu);
+  out->item_overhead = RD_ITEM_OVERHEAD;
   out->granule = 0;
   return 0;
 }
 
+/* Designated: members appended to the table later stay NULL (optional). */
 const kvt_tier_backend kvt_tier_backend_redis = {
-    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "redis", redis_open, redis_close,
-    redis_submit,         NULL,                     redis_stats, rd_list, NULL, NULL};
+    .abi_version = KVT_TIER_ABI_VERSION,
+    .struct_size = sizeof(kvt_tier_backend),
+    .scheme = "redis",
+    .open = redis_open,
+    .close = redis_close,
+    .submit = redis_submit,
+    .stats = redis_stats,
+    .list = rd_list,
+};
 
 const kvt_tier_backend kvt_tier_backend_redis_cluster = {
-    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "redis+cluster", cluster_open, redis_close,
-    redis_submit,         NULL,                     redis_stats,     rd_list,      NULL, NULL};
+    .abi_version = KVT_TIER_ABI_VERSION,
+    .struct_size = sizeof(kvt_tier_backend),
+    .scheme = "redis+cluster",
+    .open = cluster_open,
+    .close = redis_close,
+    .submit = redis_submit,
+    .stats = redis_stats,
+    .list = rd_list,
+};

@@ -19,11 +19,21 @@
 #define RD_NO_NODE 0xFFu
 #define RD_HDR 32u       /* the value key's header */
 #define RD_PHDR 16u      /* a part key's header */
+/* What one value costs in `used` beyond its length: its header and an
+ * estimate of what Redis spends on a key (the key's name, dict and expiry
+ * entries, object headers: about 190 bytes measured on Redis 7 with
+ * jemalloc). Constant, so that item_overhead + len is exactly a value's cost;
+ * the few extra keys of a value in parts are not counted. */
+#define RD_ITEM_OVERHEAD (RD_HDR + 192u)
 #define RD_MAX_WORKERS 64
 #define RD_RBUF (64u * 1024u)
 #define RD_ARENA (64u * 1024u)
 #define RD_IOV 512
 #define RD_MAX_REDIRECTS 5
+/* A value is split into at most this many parts (larger parts than part=
+ * where needed): bounds the commands one PUT pipelines and the script's
+ * check of its parts. */
+#define RD_MAX_PARTS 1024u
 
 typedef struct rd_node {
   char host[256];
@@ -46,6 +56,10 @@ typedef struct rd_conn {
   int niov;
   uint8_t *arena;
   size_t arena_used;
+  /* Every wait for the socket ends here (rd_now_ms() clock); 0: none (the
+   * socket's own timeouts only). Armed per write and per reply. */
+  uint64_t deadline_ms;
+  int timeout_ms; /* a write that makes progress has this much more */
 } rd_conn;
 
 typedef struct rd_state rd_state;
@@ -88,11 +102,21 @@ struct rd_state {
   /* what this handle knows of the namespace, under acct_mu */
   pthread_mutex_t acct_mu;
   int64_t used, items;
-  uint64_t server_capacity;
+  int64_t pending; /* cost reserved by PUTs not completed yet */
+  uint64_t server_capacity; /* without capacity=: used + the servers' free memory */
+  uint64_t learned_ms;      /* when capacity was last learned */
+  uint64_t next_recount_ms; /* ttl= with capacity=: the next recount, not before */
+  pthread_mutex_t learn_mu; /* one capacity learner or recounter at a time */
 };
+
+/* tier_redis.c */
+/* Learns capacity again unless it was learned less than min_age_ms ago. */
+void rd_learn_capacity(rd_state *st, uint64_t min_age_ms);
 
 /* tier_redis_conn.c */
 uint64_t rd_now_ms(void);
+void rd_arm(const rd_state *st, rd_conn *c); /* deadline = now + timeout_ms */
+int rd_conn_alive(rd_conn *c); /* 0: the server closed it (or sent unasked bytes) */
 uint16_t rd_crc16(const char *buf, size_t len);
 int rd_conn_open(rd_state *st, int node, rd_conn *c, int for_open);
 int rd_conn_connect(rd_state *st, const char *host, int port, rd_conn *c, int for_open);
@@ -120,5 +144,7 @@ void rd_worker_fini(rd_worker *w);
 
 /* tier_redis_list.c */
 int rd_list(void *state, kvt_tier_list_fn fn, void *opaque);
+/* The namespace's values and their cost, from the servers. */
+int rd_recount(rd_state *st, uint64_t *used, uint64_t *items);
 
 #endif

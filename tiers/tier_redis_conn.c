@@ -50,6 +50,45 @@ int rd_reply_error(const char *msg, size_t len) {
 
 /* ---- data path I/O ---- */
 
+void rd_arm(const rd_state *st, rd_conn *c) {
+  c->timeout_ms = st->timeout_ms;
+  c->deadline_ms = rd_now_ms() + (uint64_t)st->timeout_ms;
+}
+
+/* Waits until the socket is ready for events, up to the connection's
+ * deadline: the timeout bounds a whole reply, however slowly the server
+ * trickles it (the socket's own timeouts bound each recv only), and a write
+ * (of the caller's own bytes, any size) while it makes no progress. */
+static int wait_io(rd_conn *c, short events) {
+  if (!c->deadline_ms)
+    return 0;
+  for (;;) {
+    const uint64_t now = rd_now_ms();
+    if (now >= c->deadline_ms)
+      return -ETIMEDOUT;
+    struct pollfd p = {.fd = c->fd, .events = events};
+    const int n = poll(&p, 1, (int)(c->deadline_ms - now));
+    if (n > 0)
+      return 0; /* ready, or an error/hangup the next call reports */
+    if (n < 0 && errno != EINTR)
+      return -errno;
+  }
+}
+
+static int io_err(void) {
+  return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+}
+
+/* Whether a non-blocking call should wait for the socket and try again. */
+static int would_block(const rd_conn *c) {
+  return c->deadline_ms && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+int rd_conn_alive(rd_conn *c) {
+  struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
+  return poll(&p, 1, 0) <= 0; /* idle: nothing to read, no hangup */
+}
+
 int rd_flush(rd_conn *c) {
   struct iovec *iov = c->iov;
   int n = c->niov;
@@ -58,15 +97,21 @@ int rd_flush(rd_conn *c) {
     memset(&mh, 0, sizeof(mh));
     mh.msg_iov = iov;
     mh.msg_iovlen = (size_t)n;
-    const ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      const int e = errno == EAGAIN || errno == EWOULDBLOCK ? ETIMEDOUT : errno;
+    int rc = 0;
+    const ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | (c->deadline_ms ? MSG_DONTWAIT : 0));
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0)
+      rc = would_block(c) ? wait_io(c, POLLOUT) : io_err();
+    if (w < 0 && !rc)
+      continue; /* writable now */
+    if (rc) {
       c->niov = 0;
       c->arena_used = 0;
-      return -e;
+      return rc;
     }
+    if (w > 0 && c->deadline_ms) /* a write of our own size: bounded by progress */
+      c->deadline_ms = rd_now_ms() + (uint64_t)c->timeout_ms;
     size_t left = (size_t)w;
     while (n > 0 && left >= iov->iov_len) {
       left -= iov->iov_len;
@@ -81,6 +126,25 @@ int rd_flush(rd_conn *c) {
   c->niov = 0;
   c->arena_used = 0;
   return 0;
+}
+
+/* One recv of at most n bytes into dst, within the deadline: > 0 bytes, or an
+ * error (-ECONNRESET at EOF). */
+static ssize_t recv_some(rd_conn *c, void *dst, size_t n) {
+  for (;;) {
+    const ssize_t r = recv(c->fd, dst, n, c->deadline_ms ? MSG_DONTWAIT : 0);
+    if (r > 0)
+      return r;
+    if (r == 0)
+      return -ECONNRESET;
+    if (errno == EINTR)
+      continue;
+    if (!would_block(c))
+      return io_err();
+    const int rc = wait_io(c, POLLIN); /* only once nothing is there */
+    if (rc)
+      return rc;
+  }
 }
 
 int rd_put_ref(rd_conn *c, const void *p, size_t n) {
@@ -129,19 +193,12 @@ static int fill(rd_conn *c, size_t max) {
     c->rlen -= c->rpos;
     c->rpos = 0;
   }
-  for (;;) {
-    const size_t room = RD_RBUF - c->rlen;
-    const ssize_t r = recv(c->fd, c->rbuf + c->rlen, room < max ? room : max, 0);
-    if (r > 0) {
-      c->rlen += (size_t)r;
-      return 0;
-    }
-    if (r == 0)
-      return -ECONNRESET;
-    if (errno == EINTR)
-      continue;
-    return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
-  }
+  const size_t room = RD_RBUF - c->rlen;
+  const ssize_t r = recv_some(c, c->rbuf + c->rlen, room < max ? room : max);
+  if (r < 0)
+    return (int)r;
+  c->rlen += (size_t)r;
+  return 0;
 }
 
 /* One reply line: its type byte and either its number (':', '$', '*') or
@@ -207,15 +264,11 @@ int rd_read_exact(rd_conn *c, void *dst, size_t n) {
       n -= k;
       continue;
     }
-    const ssize_t r = recv(c->fd, d, n, MSG_WAITALL); /* large: straight into dst */
-    if (r > 0) {
-      d += r;
-      n -= (size_t)r;
-    } else if (r == 0) {
-      return -ECONNRESET;
-    } else if (errno != EINTR) {
-      return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
-    }
+    const ssize_t r = recv_some(c, d, n); /* large: straight into dst */
+    if (r < 0)
+      return (int)r;
+    d += r;
+    n -= (size_t)r;
   }
   return 0;
 }
@@ -229,11 +282,12 @@ int rd_ctl_send(rd_conn *c, int argc, const char **argv, const size_t *argvlen) 
     return -ENOMEM;
   int rc = 0;
   for (size_t off = 0; off < (size_t)len && !rc;) {
-    const ssize_t w = send(c->fd, cmd + off, (size_t)len - off, MSG_NOSIGNAL);
+    const int flags = MSG_NOSIGNAL | (c->deadline_ms ? MSG_DONTWAIT : 0);
+    const ssize_t w = send(c->fd, cmd + off, (size_t)len - off, flags);
     if (w > 0)
       off += (size_t)w;
     else if (w < 0 && errno != EINTR)
-      rc = errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+      rc = would_block(c) ? wait_io(c, POLLOUT) : io_err();
   }
   redisFreeCommand(cmd);
   return rc;
@@ -253,19 +307,16 @@ int rd_ctl_read(rd_conn *c, redisReply **out) {
       *out = reply;
       return 0;
     }
-    const ssize_t n = recv(c->fd, c->rbuf, RD_RBUF, 0);
-    if (n > 0)
-      redisReaderFeed(r, (const char *)c->rbuf, (size_t)n);
-    else if (n == 0)
-      return -ECONNRESET;
-    else if (errno != EINTR)
-      return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+    const ssize_t n = recv_some(c, c->rbuf, RD_RBUF);
+    if (n < 0)
+      return (int)n;
+    redisReaderFeed(r, (const char *)c->rbuf, (size_t)n);
   }
 }
 
 int rd_ctl(rd_state *st, rd_conn *c, int argc, const char **argv, const size_t *argvlen,
            redisReply **out) {
-  (void)st;
+  rd_arm(st, c);
   int rc = rd_ctl_send(c, argc, argv, argvlen);
   return rc ? rc : rd_ctl_read(c, out);
 }
@@ -280,6 +331,7 @@ void rd_conn_close(rd_state *st, rd_conn *c) {
   c->rpos = c->rlen = 0;
   c->niov = 0;
   c->arena_used = 0;
+  c->deadline_ms = 0;
   (void)st;
 }
 

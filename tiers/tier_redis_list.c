@@ -73,6 +73,7 @@ static int unhex(const char *p, kvt_key *k) {
 static int list_page(rd_state *st, rd_conn *c, const redisReply *keys, keyset *seen,
                      kvt_tier_list_fn fn, void *opaque) {
   int rc = 0;
+  rd_arm(st, c);
   for (size_t i = 0; i < keys->elements && !rc; i++) {
     const char *argv[4] = {"GETRANGE", keys->element[i]->str, "0", "31"};
     const size_t lens[4] = {8, keys->element[i]->len, 1, 2};
@@ -150,5 +151,25 @@ int rd_list(void *state, kvt_tier_list_fn fn, void *opaque) {
     rc = list_node(st, masters[i], &seen, fn, opaque);
   kvt_dealloc(st->ctx, seen.slot);
   kvt_dealloc(st->ctx, seen.used);
+  return rc;
+}
+
+typedef struct tally {
+  uint64_t used, items;
+} tally;
+
+static int tally_one(void *opaque, const kvt_key *key, uint64_t len) {
+  tally *t = opaque;
+  (void)key;
+  t->used += len + RD_ITEM_OVERHEAD;
+  t->items++;
+  return 0;
+}
+
+int rd_recount(rd_state *st, uint64_t *used, uint64_t *items) {
+  tally t = {0, 0};
+  const int rc = rd_list(st, tally_one, &t);
+  if (rc == 0)
+    *used = t.used, *items = t.items;
   return rc;
 }

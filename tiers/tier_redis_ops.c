@@ -2,22 +2,51 @@
  * connection per node, takes up to `pipeline` queued operations, writes all
  * their commands to a node in one go and reads the replies in order
  * (phase 1), then runs the follow-up commands some need (phase 2: the
- * further parts of a large value, deleting parts a shorter value left), and
- * retries operations redirected by MOVED or ASK on their new node.
+ * further parts of a large value, deleting the parts of a replaced, deleted
+ * or failed value), and retries operations redirected by MOVED or ASK on
+ * their new node.
  *
- * Layout of a value of L bytes under chunk key K (hex H), part size P:
- *   kvt:NS:{H}        header (32 bytes) + bytes [0, min(L, P))
- *   kvt:NS:{H}:p<i>   part header (16 bytes) + bytes [i*P, min(L, (i+1)*P)), i >= 1
- * The hash tag {H} puts a chunk's keys in one cluster slot. Parts are written
- * before the value key, and every part names the generation (a random id) of
- * the header that owns it: a reader that finds a missing part, another
- * generation or a wrong length reports a miss, never mixed bytes. */
+ * Layout of a value of L bytes under chunk key K (hex H), part size P, with
+ * generation G (a random id per PUT, 16 hex digits):
+ *   kvt:NS:{H}            header (32 bytes) + bytes [0, min(L, P))
+ *   kvt:NS:{H}:G:p<i>     part header (16 bytes) + bytes [i*P, min(L, (i+1)*P)), i >= 1
+ * The hash tag {H} puts a chunk's keys in one cluster slot. A PUT writes its
+ * parts and its value key under its own generation's names (the value key as
+ * kvt:NS:{H}:G:p0), then one script (PUT_LUA) checks they are all there,
+ * reads the old header and renames p0 onto kvt:NS:{H}, all in one round
+ * trip. A value in one part (most) is written with MULTI, GETRANGE of the
+ * old header, SET, EXEC instead (no script, no extra key); DEL is MULTI,
+ * GETRANGE, DEL, EXEC. Either way the switch is atomic, a failed PUT never
+ * touches the old value, and each replaced value is seen by exactly one PUT
+ * or DEL (exact items and used under concurrent replacement). The old
+ * generation's parts are deleted after the switch.
+ * Every part names its generation and index: a reader that finds a missing
+ * part, another generation or a wrong length reports a miss, never mixed
+ * bytes. */
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/random.h>
 
 #include "tier_redis.h"
+
+/* KEYS[1] the value key; ARGV[1] the new generation's part names up to the
+ * index (p0 is the new value key), ARGV[2] the part count. Returns nil
+ * (nothing switched: a part is missing, its SET failed), or the old header
+ * (32 bytes of ours, fewer or other bytes of another value, "" for none or
+ * another type). Only the value key is declared, and a missing one is
+ * created before the RENAME: a slot being imported (cluster, ASKING)
+ * refuses a command on several keys when one is missing (TRYAGAIN). */
+static const char PUT_LUA[] =
+    "for i = 0, tonumber(ARGV[2]) - 1 do "
+    "if redis.call('EXISTS', ARGV[1] .. i) == 0 then return false end end "
+    "local h = '' "
+    "local t = redis.call('TYPE', KEYS[1])['ok'] "
+    "if t == 'string' then h = redis.call('GETRANGE', KEYS[1], 0, 31) "
+    "elseif t == 'none' then redis.call('SET', KEYS[1], '') end "
+    "redis.call('RENAME', ARGV[1] .. '0', KEYS[1]) "
+    "return h";
 
 enum { RD_NONE = 0, RD_MOVED = 1, RD_ASK = 2 };
 
@@ -50,9 +79,7 @@ static uint32_t parts_of(uint64_t total, uint64_t psz) {
   return total == 0 ? 1u : (uint32_t)((total + psz - 1) / psz);
 }
 
-static uint64_t cost_of(uint64_t total, uint32_t nparts) {
-  return total + RD_HDR + (uint64_t)RD_PHDR * (nparts - 1);
-}
+static uint64_t cost_of(uint64_t total) { return total + RD_ITEM_OVERHEAD; }
 
 static void hdr_make(uint8_t *h, uint64_t gen, uint64_t total, uint32_t nparts, uint64_t psz) {
   memcpy(h, "KVTR", 4);
@@ -73,7 +100,20 @@ static int hdr_parse(const uint8_t *h, uint64_t *gen, uint64_t *total, uint32_t 
   *total = kvt_ld64(h + 16);
   *nparts = kvt_ld32(h + 24);
   *psz = kvt_ld32(h + 28);
-  return *psz > 0 && *nparts == parts_of(*total, *psz);
+  return *psz > 0 && *nparts <= RD_MAX_PARTS && *nparts == parts_of(*total, *psz);
+}
+
+/* The old value's generation and part count (1 when there was none). */
+static uint32_t old_parts(const rd_job *j, uint64_t *gen, uint64_t *total) {
+  uint64_t g = 0, t = 0, p;
+  uint32_t n = 1;
+  if (!j->old_valid || !hdr_parse(j->old, &g, &t, &n, &p))
+    n = 1;
+  if (gen)
+    *gen = g;
+  if (total)
+    *total = t;
+  return n;
 }
 
 /* ---- writing commands ---- */
@@ -91,11 +131,18 @@ static int put_arg(rd_conn *c, const void *p, size_t n) {
   return rc ? rc : rd_put_raw(c, "\r\n", 2);
 }
 
-static int put_key(rd_conn *c, const rd_job *j, uint32_t part) {
-  if (part == 0)
-    return put_arg(c, j->key, j->klen);
-  char k[224];
-  const int n = snprintf(k, sizeof(k), "%.*s:p%u", (int)j->klen, j->key, part);
+static int put_main_key(rd_conn *c, const rd_job *j) { return put_arg(c, j->key, j->klen); }
+
+/* kvt:NS:{H}:G:p (with_index 0) or kvt:NS:{H}:G:p<i>. */
+static int part_name(char *k, size_t cap, const rd_job *j, uint64_t gen, uint32_t i,
+                     int with_index) {
+  const int n = snprintf(k, cap, "%.*s:%016llx:p", (int)j->klen, j->key, (unsigned long long)gen);
+  return with_index ? n + snprintf(k + n, cap - (size_t)n, "%u", i) : n;
+}
+
+static int put_part_key(rd_conn *c, const rd_job *j, uint64_t gen, uint32_t part) {
+  char k[256];
+  const int n = part_name(k, sizeof(k), j, gen, part, 1);
   return put_arg(c, k, (size_t)n);
 }
 
@@ -106,25 +153,30 @@ static int put_begin(rd_conn *c, const rd_job *j, int nargs) {
   return rc ? rc : put_num(c, '*', (uint64_t)nargs);
 }
 
-static int put_getrange_hdr(rd_conn *c, const rd_job *j) {
-  int rc = put_begin(c, j, 4);
+/* GETRANGE key 0 31, with ASKING unless inside MULTI (whose ASKING holds). */
+static int put_getrange_hdr(rd_conn *c, const rd_job *j, int in_tx) {
+  int rc = in_tx ? put_num(c, '*', 4) : put_begin(c, j, 4);
   if (!rc)
     rc = put_arg(c, "GETRANGE", 8);
   if (!rc)
-    rc = put_key(c, j, 0);
+    rc = put_main_key(c, j);
   if (!rc)
     rc = put_arg(c, "0", 1);
   return rc ? rc : put_arg(c, "31", 2);
 }
 
-/* SET key (head || data) [PX ttl]: data is sent from the caller's buffer. */
+#define RD_MAIN UINT32_MAX /* put_set's part: the value key itself, inside MULTI */
+
+/* SET <part i of the job's generation, or the value key> (head || data)
+ * [PX ttl]: data is sent from the caller's buffer. */
 static int put_set(rd_state *st, rd_conn *c, const rd_job *j, uint32_t part, const uint8_t *head,
                    size_t hn, const uint8_t *data, size_t dn) {
-  int rc = put_begin(c, j, st->ttl_ms ? 5 : 3);
+  const int nargs = st->ttl_ms ? 5 : 3;
+  int rc = part == RD_MAIN ? put_num(c, '*', (uint64_t)nargs) : put_begin(c, j, nargs);
   if (!rc)
     rc = put_arg(c, "SET", 3);
   if (!rc)
-    rc = put_key(c, j, part);
+    rc = part == RD_MAIN ? put_main_key(c, j) : put_part_key(c, j, j->gen, part);
   if (!rc)
     rc = put_num(c, '$', hn + dn);
   if (!rc)
@@ -143,23 +195,60 @@ static int put_set(rd_state *st, rd_conn *c, const rd_job *j, uint32_t part, con
   return rc;
 }
 
-/* DEL of parts [from, to) (and the value key itself when with_main). */
-static int put_del(rd_conn *c, const rd_job *j, int with_main, uint32_t from, uint32_t to) {
-  const int nargs = 1 + (with_main ? 1 : 0) + (int)(to - from);
-  int rc = put_begin(c, j, nargs);
+/* MULTI, GETRANGE of the old header (the command follows), or EXEC. */
+static int put_tx_begin(rd_conn *c, const rd_job *j) {
+  int rc = put_begin(c, j, 1);
+  if (!rc)
+    rc = put_arg(c, "MULTI", 5);
+  return rc ? rc : put_getrange_hdr(c, j, 1);
+}
+
+static int put_tx_end(rd_conn *c) { return rd_put_raw(c, "*1\r\n$4\r\nEXEC\r\n", 14); }
+
+/* DEL of generation gen's parts [from, to). */
+static int put_del(rd_conn *c, const rd_job *j, uint64_t gen, uint32_t from, uint32_t to) {
+  int rc = put_begin(c, j, 1 + (int)(to - from));
   if (!rc)
     rc = put_arg(c, "DEL", 3);
-  if (!rc && with_main)
-    rc = put_key(c, j, 0);
   for (uint32_t i = from; i < to && !rc; i++)
-    rc = put_key(c, j, i);
+    rc = put_part_key(c, j, gen, i);
   return rc;
 }
 
+/* EVAL PUT_LUA 1 <value key> <part names> <count>. */
+static int put_switch(rd_conn *c, const rd_job *j) {
+  int rc = put_begin(c, j, 6);
+  if (!rc)
+    rc = put_arg(c, "EVAL", 4);
+  if (!rc)
+    rc = put_arg(c, PUT_LUA, sizeof(PUT_LUA) - 1);
+  if (!rc)
+    rc = put_arg(c, "1", 1);
+  if (!rc)
+    rc = put_main_key(c, j);
+  if (rc)
+    return rc;
+  char k[256], n[16];
+  const int kn = part_name(k, sizeof(k), j, j->gen, 0, 0);
+  const int nn = snprintf(n, sizeof(n), "%u", j->nparts);
+  rc = put_arg(c, k, (size_t)kn);
+  return rc ? rc : put_arg(c, n, (size_t)nn);
+}
+
+/* One part: MULTI, GETRANGE, SET, EXEC. Several: the parts, then the value
+ * itself (as p0), then the switch. */
 static int append_put(rd_state *st, rd_conn *c, rd_job *j) {
   const kvt_tier_op *op = j->op;
   const uint8_t *data = op->buf;
-  int rc = put_getrange_hdr(c, j);
+  uint8_t h[RD_HDR];
+  hdr_make(h, j->gen, op->len, j->nparts, j->psz);
+  int rc = 0;
+  if (j->nparts == 1) {
+    rc = put_tx_begin(c, j);
+    if (!rc)
+      rc = put_set(st, c, j, RD_MAIN, h, RD_HDR, data, (size_t)op->len);
+    return rc ? rc : put_tx_end(c);
+  }
   for (uint32_t i = 1; i < j->nparts && !rc; i++) {
     uint8_t ph[RD_PHDR];
     memcpy(ph, "KVTP", 4);
@@ -168,10 +257,9 @@ static int append_put(rd_state *st, rd_conn *c, rd_job *j) {
     const uint64_t off = (uint64_t)i * j->psz, n = op->len - off < j->psz ? op->len - off : j->psz;
     rc = put_set(st, c, j, i, ph, RD_PHDR, data + off, (size_t)n);
   }
-  uint8_t h[RD_HDR];
-  hdr_make(h, j->gen, op->len, j->nparts, j->psz);
-  return rc ? rc
-            : put_set(st, c, j, 0, h, RD_HDR, data, (size_t)(op->len < j->psz ? op->len : j->psz));
+  if (!rc)
+    rc = put_set(st, c, j, 0, h, RD_HDR, data, (size_t)(op->len < j->psz ? op->len : j->psz));
+  return rc ? rc : put_switch(c, j);
 }
 
 static int append_phase1(rd_state *st, rd_conn *c, rd_job *j) {
@@ -182,13 +270,19 @@ static int append_phase1(rd_state *st, rd_conn *c, rd_job *j) {
     int rc = put_begin(c, j, 2);
     if (!rc)
       rc = put_arg(c, "GET", 3);
-    return rc ? rc : put_key(c, j, 0);
+    return rc ? rc : put_main_key(c, j);
   }
   case KVT_TIER_QUERY:
-    return put_getrange_hdr(c, j);
+    return put_getrange_hdr(c, j, 0);
   default: {
-    int rc = put_getrange_hdr(c, j);
-    return rc ? rc : put_del(c, j, 1, 0, 0);
+    int rc = put_tx_begin(c, j);
+    if (!rc)
+      rc = put_num(c, '*', 2);
+    if (!rc)
+      rc = put_arg(c, "DEL", 3);
+    if (!rc)
+      rc = put_main_key(c, j);
+    return rc ? rc : put_tx_end(c);
   }
   }
 }
@@ -201,20 +295,17 @@ static int append_phase2(rd_conn *c, rd_job *j) {
       if (!rc)
         rc = put_arg(c, "GET", 3);
       if (!rc)
-        rc = put_key(c, j, i);
+        rc = put_part_key(c, j, j->gen, i);
     }
     return rc;
   }
-  /* PUT or DEL: remove parts nobody owns any more (phase2 = first stale part,
-   * or the whole value after a failed multi-part PUT). */
-  uint64_t og = 0, ot = 0, op = 0;
-  uint32_t on = 1;
-  if (j->old_valid)
-    hdr_parse(j->old, &og, &ot, &on, &op);
-  const uint32_t to = on > j->nparts ? on : j->nparts;
+  /* A failed PUT removes what it wrote; a PUT or DEL that replaced or removed
+   * a value in parts removes those parts. */
   if (j->op->opcode == KVT_TIER_PUT && j->result != 0)
-    return put_del(c, j, 1, 1, to);
-  return put_del(c, j, 0, (uint32_t)j->phase2, to);
+    return put_del(c, j, j->gen, 0, j->nparts);
+  uint64_t og;
+  const uint32_t on = old_parts(j, &og, NULL);
+  return put_del(c, j, og, 1, on);
 }
 
 /* ---- reading replies ---- */
@@ -228,7 +319,14 @@ static void job_error(rd_state *st, rd_job *j, const char *text) {
     const char *colon;
     if (sscanf(text + (kind == RD_MOVED ? 6 : 4), "%u %299s", &slot, addr) == 2 &&
         (colon = strrchr(addr, ':')) != NULL && !j->redirect) {
-      snprintf(j->rhost, sizeof(j->rhost), "%.*s", (int)(colon - addr), addr);
+      const int n = (int)(colon - addr);
+      if (n == 0 || (n == 1 && addr[0] == '?')) { /* unknown endpoint: the node that replied */
+        pthread_mutex_lock(&st->map_mu);
+        snprintf(j->rhost, sizeof(j->rhost), "%s", st->nodes[j->node].host);
+        pthread_mutex_unlock(&st->map_mu);
+      } else {
+        snprintf(j->rhost, sizeof(j->rhost), "%.*s", n, addr);
+      }
       j->rport = atoi(colon + 1);
       j->redirect = kind;
       return;
@@ -249,6 +347,7 @@ static void job_error(rd_state *st, rd_job *j, const char *text) {
 static int read_small(rd_state *st, rd_conn *c, rd_job *j, char *type, int64_t *num,
                       uint8_t *small, size_t cap, int64_t *blen) {
   char text[512];
+  rd_arm(st, c); /* each reply within timeout_ms */
   int rc = rd_read_line(c, type, num, text, sizeof(text));
   if (rc)
     return rc;
@@ -284,6 +383,7 @@ static int read_bulk(rd_state *st, rd_conn *c, rd_job *j, size_t hn, uint8_t *he
   int64_t num = 0;
   *blen = -2;
   int rc = read_asking(st, c, j);
+  rd_arm(st, c);
   if (!rc)
     rc = rd_read_line(c, &type, &num, text, sizeof(text));
   if (rc)
@@ -349,9 +449,10 @@ static int read_get(rd_state *st, rd_conn *c, rd_job *j) {
   return rc;
 }
 
-/* GETRANGE of the header: the header, or old_valid = 0. */
-static int read_hdr(rd_state *st, rd_conn *c, rd_job *j) {
-  char type;
+/* GETRANGE of the header, or a script's reply: the header (old_valid), and
+ * whether there was a reply at all (*nil: a nil bulk). */
+static int read_hdr(rd_state *st, rd_conn *c, rd_job *j, int *nil) {
+  char type = 0;
   int64_t num, blen = -1;
   int rc = read_asking(st, c, j);
   if (!rc)
@@ -359,6 +460,7 @@ static int read_hdr(rd_state *st, rd_conn *c, rd_job *j) {
   uint64_t g, t, p;
   uint32_t n;
   j->old_valid = !rc && type == '$' && blen == RD_HDR && hdr_parse(j->old, &g, &t, &n, &p);
+  *nil = !rc && type == '$' && blen < 0;
   return rc;
 }
 
@@ -369,29 +471,70 @@ static int read_status(rd_state *st, rd_conn *c, rd_job *j, int64_t *num) {
   return rc ? rc : read_small(st, c, j, &type, num, NULL, 0, &blen);
 }
 
-static int read_phase1(rd_state *st, rd_conn *c, rd_job *j) {
+/* MULTI's +OK, two +QUEUED (or errors: MOVED, OOM), then EXEC's reply:
+ * [the old header (or WRONGTYPE: another type, which the command replaces),
+ * the command's reply (*num)], or an error (EXECABORT). */
+static int read_tx(rd_state *st, rd_conn *c, rd_job *j, int64_t *num) {
+  char type, text[512];
+  int64_t n = 0, blen;
+  int rc = read_asking(st, c, j);
+  for (int i = 0; i < 3 && !rc; i++)
+    rc = read_small(st, c, j, &type, &n, NULL, 0, &blen);
+  rd_arm(st, c);
+  if (!rc)
+    rc = rd_read_line(c, &type, &n, text, sizeof(text));
+  if (rc || type == '-') {
+    if (!rc)
+      job_error(st, j, text);
+    return rc;
+  }
+  if (type != '*' || n != 2)
+    return KVT_EPROTO;
+  const int saved = j->result;
+  rc = read_small(st, c, j, &type, &n, j->old, sizeof(j->old), &blen);
+  j->result = saved;
+  uint64_t g, t, p;
+  uint32_t np;
+  j->old_valid = !rc && type == '$' && blen == RD_HDR && hdr_parse(j->old, &g, &t, &np, &p);
+  return rc ? rc : read_small(st, c, j, &type, num, NULL, 0, &blen);
+}
+
+/* One part: the transaction. Several: the parts' and p0's SETs, then the
+ * switch. */
+static int read_put(rd_state *st, rd_conn *c, rd_job *j) {
   int64_t num = 0;
-  int rc;
-  switch (j->op->opcode) {
-  case KVT_TIER_PUT:
-    rc = read_hdr(st, c, j);
-    if (j->result == KVT_ENOTFOUND)
-      j->result = 0; /* another type under the name: SET replaces it */
+  int rc = 0, nil = 0;
+  if (j->nparts == 1) {
+    rc = read_tx(st, c, j, &num);
+  } else {
     for (uint32_t i = 0; i < j->nparts && !rc; i++)
       rc = read_status(st, c, j, &num);
-    if (!rc && j->result == 0 && j->old_valid) {
-      uint64_t g, t, p;
-      uint32_t n;
-      hdr_parse(j->old, &g, &t, &n, &p);
-      j->phase2 = n > j->nparts ? (int)j->nparts : 0;
-    } else if (!rc && j->result != 0 && j->nparts > 1) {
-      j->phase2 = 1; /* a failed multi-part PUT removes the value */
-    }
+    if (!rc)
+      rc = read_hdr(st, c, j, &nil);
+  }
+  if (rc || j->redirect)
     return rc;
+  if (nil && !j->result)
+    j->result = -ENOSPC; /* a part was gone at the switch: evicted, the server is full */
+  if (j->result) {
+    j->old_valid = 0;
+    j->phase2 = j->nparts > 1; /* remove what did get written */
+  } else {
+    uint64_t og;
+    j->phase2 = old_parts(j, &og, NULL) > 1 && og != j->gen;
+  }
+  return 0;
+}
+
+static int read_phase1(rd_state *st, rd_conn *c, rd_job *j) {
+  int rc, nil = 0;
+  switch (j->op->opcode) {
+  case KVT_TIER_PUT:
+    return read_put(st, c, j);
   case KVT_TIER_GET:
     return read_get(st, c, j);
   case KVT_TIER_QUERY:
-    rc = read_hdr(st, c, j);
+    rc = read_hdr(st, c, j, &nil);
     if (!rc && !j->result && !j->redirect) {
       uint64_t g, p;
       uint32_t n;
@@ -400,23 +543,20 @@ static int read_phase1(rd_state *st, rd_conn *c, rd_job *j) {
       else
         j->result = KVT_ENOTFOUND;
     }
+    j->old_valid = 0;
     return rc;
-  default:
-    rc = read_hdr(st, c, j);
-    if (j->result == KVT_ENOTFOUND)
-      j->result = 0; /* another type under the name: DEL removes it */
-    if (!rc)
-      rc = read_status(st, c, j, &num);
+  default: {
+    int64_t num = 0;
+    rc = read_tx(st, c, j, &num);
     if (!rc && !j->result && !j->redirect) {
-      j->result = num > 0 ? 0 : KVT_ENOTFOUND;
-      uint64_t g, t, p;
-      uint32_t n = 1;
-      if (j->old_valid)
-        hdr_parse(j->old, &g, &t, &n, &p);
+      j->result = num > 0 ? 0 : KVT_ENOTFOUND; /* another type under the name: deleted too */
       j->nparts = 1;
-      j->phase2 = j->result == 0 && n > 1 ? 1 : 0;
+      j->phase2 = j->result == 0 && old_parts(j, NULL, NULL) > 1;
     }
+    if (j->result)
+      j->old_valid = 0;
     return rc;
+  }
   }
 }
 
@@ -463,16 +603,38 @@ static int in_phase(const rd_job *j, int phase) {
   return j->phase2 && !j->redirect && (j->op->opcode != KVT_TIER_GET || !j->result);
 }
 
-/* Phase 1 and 2 of the jobs in list (all on node) over one connection. On a
- * connection error, the jobs whose replies were not all read fail with it
- * (a PUT or DEL whose phase 2 only cleans up keeps its result). */
+/* Which jobs a connection error at (phase, next) fails: those whose phase-1
+ * replies were not all read, and every GET whose further parts were not
+ * read (wherever it stands in the list). A PUT or DEL whose phase 2 only
+ * cleans up keeps its result: it did happen (the parts it meant to delete
+ * stay, and expire with ttl=). */
+static int fail_on_conn_error(rd_job **list, int n, int phase, int next, int rc) {
+  int failed = 0;
+  for (int k = 0; k < n; k++) {
+    rd_job *j = list[k];
+    const int get_parts = j->op->opcode == KVT_TIER_GET && in_phase(j, 2);
+    const int fail = phase == 1 ? k >= next || get_parts : k >= next && get_parts;
+    if (fail && !j->conn_err) {
+      j->conn_err = rc;
+      failed++;
+    }
+  }
+  return failed;
+}
+
+/* Phase 1 and 2 of the jobs in list (all on node) over one connection, each
+ * write and each reply within timeout_ms. A connection the server closed
+ * while it was idle (its `timeout`, a restart) is replaced before use. */
 static void exec_node(rd_worker *w, int node, rd_job **list, int n) {
   rd_state *st = w->st;
   rd_conn *c = &w->conn[node];
+  if (c->rc && !rd_conn_alive(c))
+    rd_conn_close(st, c);
   int rc = c->rc ? 0 : rd_conn_open(st, node, c, 0);
   int phase = 1, next = 0;
   while (!rc && phase <= 2) {
     int any = 0;
+    rd_arm(st, c);
     for (int i = 0; i < n && !rc; i++)
       if (in_phase(list[i], phase)) {
         rc = phase == 1 ? append_phase1(st, c, list[i]) : append_phase2(c, list[i]);
@@ -491,14 +653,42 @@ static void exec_node(rd_worker *w, int node, rd_job **list, int n) {
   }
   if (!rc)
     return;
-  int failed = 0;
-  for (int k = next; k < n; k++)
-    if (in_phase(list[k], phase) && (phase == 1 || list[k]->op->opcode == KVT_TIER_GET)) {
-      list[k]->conn_err = rc;
-      failed++;
-    }
+  const int failed = fail_on_conn_error(list, n, phase, next, rc);
   if (c->rc)
     conn_lost(w, node, rc, failed);
+}
+
+/* With ttl= and capacity=, values expire behind the handle's back: before
+ * refusing a PUT for capacity, count the namespace again (at most once a
+ * second). Called without acct_mu; the values in flight stay reserved. */
+static void recount(rd_state *st) {
+  if (pthread_mutex_trylock(&st->learn_mu) != 0)
+    return;
+  const uint64_t now = rd_now_ms();
+  uint64_t used = 0, items = 0;
+  if (now >= __atomic_load_n(&st->next_recount_ms, __ATOMIC_RELAXED) &&
+      rd_recount(st, &used, &items) == 0) {
+    pthread_mutex_lock(&st->acct_mu);
+    st->used = (int64_t)used + st->pending;
+    st->items = (int64_t)items;
+    pthread_mutex_unlock(&st->acct_mu);
+  }
+  __atomic_store_n(&st->next_recount_ms, rd_now_ms() + 1000, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&st->learn_mu);
+}
+
+static int reserve(rd_state *st, rd_job *j) {
+  pthread_mutex_lock(&st->acct_mu); /* concurrent PUTs see each other */
+  const uint64_t used = (uint64_t)(st->used < 0 ? 0 : st->used);
+  const int fits = !st->capacity || used + j->cost <= st->capacity;
+  if (fits) {
+    st->used += (int64_t)j->cost;
+    st->pending += (int64_t)j->cost;
+    st->items++;
+    j->reserved = 1;
+  }
+  pthread_mutex_unlock(&st->acct_mu);
+  return fits;
 }
 
 static void job_prepare(rd_state *st, rd_job *j, kvt_tier_op *op, uint64_t *rng) {
@@ -524,36 +714,57 @@ static void job_prepare(rd_state *st, rd_job *j, kvt_tier_op *op, uint64_t *rng)
   if (op->opcode != KVT_TIER_PUT)
     return;
   j->gen = rng_next(rng);
-  j->psz = st->part;
-  j->nparts = parts_of(op->len, st->part);
-  j->cost = cost_of(op->len, j->nparts);
-  pthread_mutex_lock(&st->acct_mu); /* reserve: concurrent PUTs see each other */
-  if (st->capacity && (uint64_t)(st->used < 0 ? 0 : st->used) + j->cost > st->capacity) {
+  uint64_t fit = (op->len + RD_MAX_PARTS - 1) / RD_MAX_PARTS; /* the header says psz */
+  fit = fit < (511ull << 20) ? fit : 511ull << 20;              /* Redis' bulk limit */
+  j->psz = fit > st->part ? fit : st->part;
+  j->nparts = parts_of(op->len, j->psz);
+  j->cost = cost_of(op->len);
+  if (j->nparts > RD_MAX_PARTS) { /* above 511 GiB */
     j->result = -ENOSPC;
     j->done = 1;
-  } else {
-    st->used += (int64_t)j->cost;
-    st->items++;
-    j->reserved = 1;
+    return;
   }
-  pthread_mutex_unlock(&st->acct_mu);
+  if (reserve(st, j))
+    return;
+  if (st->ttl_ms && rd_now_ms() >= __atomic_load_n(&st->next_recount_ms, __ATOMIC_RELAXED)) {
+    recount(st);
+    if (reserve(st, j))
+      return;
+  }
+  j->result = -ENOSPC;
+  j->done = 1;
 }
 
-static void job_account(rd_state *st, rd_job *j) {
-  uint64_t g, t, p;
-  uint32_t n;
-  const int old = j->old_valid && hdr_parse(j->old, &g, &t, &n, &p);
+/* Whether the stats already said that a value of this cost does not fit
+ * (else capacity is learned again: the server knows better). */
+static int refusal_expected(rd_state *st, uint64_t cost) {
   pthread_mutex_lock(&st->acct_mu);
-  if (j->op->opcode == KVT_TIER_PUT && j->reserved && j->op->result != 0) {
-    st->used -= (int64_t)j->cost;
-    st->items--;
+  const int expected = (uint64_t)(st->used > 0 ? st->used : 0) + cost > st->server_capacity;
+  pthread_mutex_unlock(&st->acct_mu);
+  return expected;
+}
+
+/* Returns the cost of a PUT the server refused for lack of memory, else 0. */
+static uint64_t job_account(rd_state *st, rd_job *j) {
+  uint64_t total = 0;
+  const int old = j->op->result == 0 && j->old_valid &&
+                  (j->op->opcode == KVT_TIER_PUT || j->op->opcode == KVT_TIER_DEL);
+  if (old)
+    old_parts(j, NULL, &total);
+  pthread_mutex_lock(&st->acct_mu);
+  if (j->reserved) {
+    st->pending -= (int64_t)j->cost;
+    if (j->op->result != 0) {
+      st->used -= (int64_t)j->cost;
+      st->items--;
+    }
   }
-  if (old && j->op->result == 0 &&
-      (j->op->opcode == KVT_TIER_PUT || j->op->opcode == KVT_TIER_DEL)) {
-    st->used -= (int64_t)cost_of(t, n);
+  if (old) {
+    st->used -= (int64_t)cost_of(total);
     st->items--;
   }
   pthread_mutex_unlock(&st->acct_mu);
+  return j->reserved && j->op->result == -ENOSPC ? j->cost : 0;
 }
 
 /* A redirected job goes again to its new node; MOVED also updates the map. */
@@ -586,6 +797,7 @@ static void job_redirect(rd_state *st, rd_job *j) {
 static void run_batch(rd_worker *w, rd_job *jobs, int n) {
   rd_state *st = w->st;
   rd_job *list[1024];
+  uint64_t full = 0;
   for (int round = 0; round <= RD_MAX_REDIRECTS; round++) {
     int more = 0;
     for (int node = 0; node < RD_MAX_NODES; node++) {
@@ -623,8 +835,11 @@ static void run_batch(rd_worker *w, rd_job *jobs, int n) {
     j->op->result = j->result;
     if (j->result != 0 && j->result != KVT_ENOBUFS)
       j->op->out_len = 0;
-    job_account(st, j);
+    const uint64_t refused = job_account(st, j);
+    full = refused > full ? refused : full;
   }
+  if (full && !st->capacity && !refusal_expected(st, full))
+    rd_learn_capacity(st, 0); /* before the caller sees -ENOSPC: capacity follows */
   for (int i = 0; i < n; i++)
     kvt_tier_complete(st->tier, jobs[i].op);
 }
@@ -659,7 +874,9 @@ void *rd_worker_main(void *arg) {
   rd_worker *w = arg;
   rd_state *st = w->st;
   kvt_tier_op *ops[1024];
-  uint64_t rng = (uint64_t)(uintptr_t)w ^ rd_now_ms() * 0x2545F4914F6CDD1Dull;
+  uint64_t rng;
+  if (getrandom(&rng, sizeof(rng), 0) != (ssize_t)sizeof(rng)) /* generations must not repeat */
+    rng = (uint64_t)(uintptr_t)w ^ rd_now_ms() * 0x2545F4914F6CDD1Dull;
   for (;;) {
     const int n = take_batch(st, ops);
     if (n == 0)
@@ -672,6 +889,8 @@ void *rd_worker_main(void *arg) {
     for (int i = 0; i < n; i++)
       job_prepare(st, &w->jobs[i], ops[i], &rng);
     run_batch(w, w->jobs, n);
+    if (!st->capacity)
+      rd_learn_capacity(st, 10000); /* other clients' values come and go */
   }
   return NULL;
 }

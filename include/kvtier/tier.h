@@ -42,18 +42,22 @@
  *                                for requirepass, USER:PASSWORD@ for an ACL
  *                                user (%XX escapes). OPTs: ns=NAME (key
  *                                namespace, "default"), ttl=SECONDS (0: none),
- *                                timeout_ms=N (2000, every call), capacity=SIZE
- *                                (enforced on what this handle wrote; default
- *                                the servers' maxmemory), part=SIZE (values
- *                                above it are split, 64MiB), conns=N (4),
- *                                pipeline=N (32). A missing, expired or torn
- *                                value misses; a full server (maxmemory,
+ *                                timeout_ms=N (2000: connect, each reply, a
+ *                                stalled write), capacity=SIZE (enforced on
+ *                                what this handle wrote; default what it
+ *                                holds plus the servers' free memory,
+ *                                maxmemory less used_memory), part=SIZE
+ *                                (values above it are split, 64MiB), conns=N
+ *                                (4), pipeline=N (32). A missing, expired or
+ *                                torn value misses; a full server (maxmemory,
  *                                noeviction) is -ENOSPC; a dead server fails
  *                                its operations (-ECONNREFUSED, -ECONNRESET,
  *                                -ETIMEDOUT) and is reconnected with backoff;
  *                                refused AUTH is KVT_EAUTH at open. items and
  *                                used count what this handle wrote and
- *                                deleted; list() scans the servers
+ *                                deleted (with ttl= and capacity=, recounted
+ *                                from the servers before a PUT is refused);
+ *                                list() scans the servers
  *   fabric://HOST:PORT[?OPT&OPT...]
  *                                a kvtier-server over libfabric (built when
  *                                libfabric is found): control messages, the

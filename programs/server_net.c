@@ -40,12 +40,31 @@
 
 #define NREQ 256
 #define MAX_SESS 1024 /* a power of two: the low bits of a session id are its slot */
+/* Fair shares (docs/SERVER.md). A session runs SESS_REQ_MAX requests at once
+ * (the fabric tier's largest depth), stats-only sessions STATS_REQ_MAX all
+ * together, one of several tenants TENANT_REQ_MAX: more are answered -EBUSY.
+ * Stats-only sessions hold STATS_SESS_MAX table slots and replace each other;
+ * one with a token is replaced only once idle SESS_IDLE_S; of several
+ * tenants, one holds half the table: no HELLO flood ends a live session. */
+#define SESS_REQ_MAX 64
+#define STATS_REQ_MAX 8
+#define TENANT_REQ_MAX (NREQ - NREQ / 4)
+#define STATS_SESS_MAX 32
+#define SESS_IDLE_S 30
+/* A send or RMA the provider cannot take (its peer does not keep up) waits in
+ * a queue, tried again each turn of the loop, never holding up the others;
+ * after POST_STALL_S the peer's session ends. */
+#define POST_STALL_S 5
+/* HELLO replies waiting so, at most (no session's cap holds HELLOs): more
+ * are dropped, the client's HELLO times out and it tries again. */
+#define HELLO_PENDING_MAX 16
 #define DRAIN_S 10
 #define BUF_MIN_SHIFT 12
 #define BUF_CLASSES 48
 #define BUF_CACHE_MAX (512ull << 20)
 
 enum { K_RECV = 1, K_SEND, K_RMA };
+enum { P_NONE, P_RECV, P_SEND, P_RMA }; /* a post waiting for room */
 enum { RS_POSTED, RS_DEFERRED, RS_RMA, RS_WORK, RS_REPLY, RS_IDLE };
 
 typedef struct sbuf {
@@ -89,6 +108,11 @@ struct sreq {
   uint64_t list_next;
   uint64_t stats[KVT_STAT_COUNT];
   sreq *next;
+  int pending;       /* P_*: what waits in the server's retry queue */
+  int hello_q;       /* a HELLO reply counted in hello_pending */
+  size_t send_len;
+  int64_t pending_since;
+  sreq *pnext;
 };
 
 typedef struct server {
@@ -99,9 +123,13 @@ typedef struct server {
   kvt_fab_mr pool_mr;
   sreq req[NREQ];
   sess sess[MAX_SESS];
+  /* Per tenant, index tenant + 1 (0: stats-only sessions). */
+  uint32_t tenant_sess[SRV_MAX_TENANTS + 1], tenant_reqs[SRV_MAX_TENANTS + 1];
   uint64_t salt;
   int draining;
   int wake_fd;
+  sreq *retry_head, *retry_tail; /* posts that found no room */
+  int hello_pending;
   /* Workers. */
   pthread_t *threads;
   int n_threads;
@@ -206,35 +234,97 @@ static sess *sess_find(server *sv, uint64_t id) {
 
 static void sess_free(server *sv, sess *s) {
   kvt_fab_av_remove(sv->fab, s->addr);
+  sv->tenant_sess[s->tenant + 1]--;
   s->used = 0;
   s->id = 0;
   atomic_fetch_sub(&sv->n_sessions, 1);
 }
 
-/* A free slot, or the least recently active idle session's. */
-static sess *sess_new(server *sv) {
-  sess *oldest = NULL;
+/* Sessions a class (tenant + 1; 0: stats-only) may hold. */
+static uint32_t sess_cap(const server *sv, int tenant) {
+  if (tenant < 0)
+    return STATS_SESS_MAX;
+  return sv->cfg->n_tenants > 1 ? (MAX_SESS - STATS_SESS_MAX) / 2 : MAX_SESS - STATS_SESS_MAX;
+}
+
+/* The least recently active session with nothing in progress that may be
+ * replaced: of class `tenant` only (own >= 0), or of any class; stats-only
+ * ones at once, others once idle for SESS_IDLE_S. */
+static sess *sess_victim(server *sv, int tenant, int own) {
+  const int64_t idle_before = now_s() - SESS_IDLE_S;
+  sess *best = NULL;
   for (int i = 0; i < MAX_SESS; i++) {
     sess *s = &sv->sess[i];
-    if (!s->used)
-      return s;
-    if (!s->outstanding && (!oldest || s->last < oldest->last))
-      oldest = s;
+    if (!s->used || s->outstanding || (own && s->tenant != tenant))
+      continue;
+    if (s->tenant >= 0 && s->last > idle_before)
+      continue;
+    if (!best || (s->tenant < 0) > (best->tenant < 0) ||
+        ((s->tenant < 0) == (best->tenant < 0) && s->last < best->last))
+      best = s; /* stats-only first, then the oldest */
   }
-  if (oldest)
-    sess_free(sv, oldest);
-  return oldest;
+  return best;
+}
+
+/* A slot for a new session of tenant (-1: stats-only), or NULL (-EBUSY). */
+static sess *sess_new(server *sv, int tenant) {
+  sess *s = NULL;
+  if (sv->tenant_sess[tenant + 1] >= sess_cap(sv, tenant)) {
+    s = sess_victim(sv, tenant, 1);
+  } else {
+    for (int i = 0; i < MAX_SESS && !s; i++)
+      if (!sv->sess[i].used)
+        s = &sv->sess[i];
+    if (!s)
+      s = sess_victim(sv, tenant, 0);
+  }
+  if (s && s->used)
+    sess_free(sv, s);
+  return s;
+}
+
+/* Counts a request of s in progress; 0 when it is over its fair share. */
+static int sess_hold(server *sv, sess *s) {
+  uint32_t *t = &sv->tenant_reqs[s->tenant + 1];
+  s->outstanding++;
+  (*t)++;
+  if (s->tenant < 0)
+    return *t <= STATS_REQ_MAX;
+  return s->outstanding <= SESS_REQ_MAX &&
+         (sv->cfg->n_tenants <= 1 || *t <= TENANT_REQ_MAX);
+}
+
+static void sess_unhold(server *sv, sess *s) {
+  s->outstanding--;
+  sv->tenant_reqs[s->tenant + 1]--;
 }
 
 /* ---- replies and finishing ---- */
 
+/* Queues r's post (kind P_*) to be tried again by retry_posts(). */
+static void defer_post(server *sv, sreq *r, int kind) {
+  if (r->pending == P_NONE)
+    r->pending_since = now_s();
+  r->pending = kind;
+  r->pnext = NULL;
+  if (sv->retry_tail)
+    sv->retry_tail->pnext = r;
+  else
+    sv->retry_head = r;
+  sv->retry_tail = r;
+}
+
 static void post_recv(server *sv, sreq *r) {
+  r->pending = P_NONE;
   if (sv->draining) {
     r->state = RS_IDLE;
     return;
   }
   r->state = RS_POSTED;
-  if (kvt_fab_recv(sv->fab, r->rbuf, KVT_PROTO_MSG_MAX, sv->pool_mr.desc, &r->rctx) != 0) {
+  const int rc = kvt_fab_recv(sv->fab, r->rbuf, KVT_PROTO_MSG_MAX, sv->pool_mr.desc, &r->rctx);
+  if (rc == -EAGAIN) {
+    defer_post(sv, r, P_RECV);
+  } else if (rc != 0) {
     r->state = RS_IDLE; /* this slot is lost; the others keep serving */
     fprintf(stderr, "kvtier-server: posting a receive: %s\n", kvt_fab_error(sv->fab));
   }
@@ -244,6 +334,10 @@ static void start(server *sv, sreq *r);
 static void reply(server *sv, sreq *r, int32_t status);
 
 static void finish(server *sv, sreq *r) {
+  if (r->hello_q) {
+    r->hello_q = 0;
+    sv->hello_pending--;
+  }
   buf_put(sv, r->stage);
   r->stage = NULL;
   if (r->lent) {
@@ -260,7 +354,7 @@ static void finish(server *sv, sreq *r) {
   r->s = NULL;
   if (s) {
     s->inflight -= r->charge;
-    s->outstanding--;
+    sess_unhold(sv, s);
     r->charge = 0;
     /* Requests that waited for room start while it lasts (or end with
      * their session). Both may finish requests of s in turn. */
@@ -318,20 +412,44 @@ static int encode_reply(server *sv, sreq *r, size_t *len) {
   return kvt_proto_encode(&m, r->msg, KVT_PROTO_MSG_MAX, len);
 }
 
-static void reply(server *sv, sreq *r, int32_t status) {
-  r->status = status;
+/* Sends r's encoded reply, or queues it when the provider has no room. */
+static void send_reply(server *sv, sreq *r) {
   const uint64_t dest = r->temp_addr != KVT_FAB_ADDR_NONE ? r->temp_addr : r->s ? r->s->addr : 0;
-  size_t len = 0;
-  int rc = (r->s && r->s->dead) ? -ECONNRESET : encode_reply(sv, r, &len);
-  if (rc == 0) {
-    r->state = RS_REPLY;
-    rc = kvt_fab_send(sv->fab, dest, r->msg, len, sv->pool_mr.desc, &r->sctx);
+  int rc = (r->s && r->s->dead)
+               ? -ECONNRESET
+               : kvt_fab_send(sv->fab, dest, r->msg, r->send_len, sv->pool_mr.desc, &r->sctx);
+  if (rc == -EAGAIN && r->req.h.opcode == KVT_PROTO_HELLO && !r->hello_q) {
+    if (sv->hello_pending < HELLO_PENDING_MAX) {
+      r->hello_q = 1;
+      sv->hello_pending++;
+    } else {
+      rc = -EBUSY; /* dropped */
+    }
   }
+  if (rc == -EAGAIN) {
+    defer_post(sv, r, P_SEND);
+    return;
+  }
+  r->pending = P_NONE;
   if (rc) {
     if (r->s)
       r->s->dead = 1; /* cannot answer this peer: its session ends */
     finish(sv, r);
   }
+}
+
+static void reply(server *sv, sreq *r, int32_t status) {
+  r->status = status;
+  r->state = RS_REPLY;
+  const int rc = (r->s && r->s->dead) ? -ECONNRESET : encode_reply(sv, r, &r->send_len);
+  if (rc) {
+    if (r->s)
+      r->s->dead = 1;
+    r->pending = P_NONE;
+    finish(sv, r);
+    return;
+  }
+  send_reply(sv, r);
 }
 
 /* ---- data movement ---- */
@@ -342,6 +460,11 @@ static void post_rma(server *sv, sreq *r) {
                              : kvt_fab_max_rma(sv->fab);
   const uint64_t raddr = r->req.u.data.rma_addr + r->rma_off;
   r->state = RS_RMA;
+  if (r->s->dead) {
+    r->pending = P_NONE;
+    reply(sv, r, -ECONNRESET);
+    return;
+  }
   int rc;
   if (r->req.h.opcode == KVT_PROTO_PUT)
     rc = kvt_fab_read(sv->fab, r->s->addr, r->stage->p + SRV_REC_HDR + r->rma_off, (size_t)chunk,
@@ -353,10 +476,43 @@ static void post_rma(server *sv, sreq *r) {
     rc = kvt_fab_write(sv->fab, r->s->addr, r->stage->p + SRV_REC_HDR + r->rma_off,
                        (size_t)chunk, r->stage->mr.desc, raddr, r->req.u.data.rma_key,
                        &r->actx);
+  if (rc == -EAGAIN) {
+    defer_post(sv, r, P_RMA);
+    return;
+  }
+  r->pending = P_NONE;
   if (rc)
     reply(sv, r, rc);
   else
     r->rma_off += chunk;
+}
+
+/* Tries the queued posts again; one that waited POST_STALL_S ends its
+ * peer's session (a receive of ours waits as long as it takes). */
+static void retry_posts(server *sv) {
+  sreq *r = sv->retry_head;
+  sv->retry_head = sv->retry_tail = NULL;
+  const int64_t now = now_s();
+  while (r) {
+    sreq *next = r->pnext;
+    const int kind = r->pending;
+    if (kind != P_RECV && now - r->pending_since > POST_STALL_S) {
+      r->pending = P_NONE;
+      if (r->s)
+        r->s->dead = 1;
+      if (kind == P_SEND)
+        finish(sv, r);
+      else
+        reply(sv, r, -ETIMEDOUT); /* the session is dead: this finishes r */
+    } else if (kind == P_RECV) {
+      post_recv(sv, r);
+    } else if (kind == P_SEND) {
+      send_reply(sv, r);
+    } else {
+      post_rma(sv, r);
+    }
+    r = next;
+  }
 }
 
 static void to_workers(server *sv, sreq *r) {
@@ -506,7 +662,10 @@ static int token_equal(const char *a, const char *b) {
 static void on_hello(server *sv, sreq *r) {
   const kvt_proto_msg *m = &r->req;
   uint64_t addr;
-  if (m->u.hello.addr_len == 0 || kvt_fab_av_insert(sv->fab, m->u.hello.addr, &addr) != 0) {
+  /* The provider reads an address of its own size: a shorter one would be
+   * completed from the tenant and token bytes that follow it. */
+  if (m->u.hello.addr_len == 0 || m->u.hello.addr_len < kvt_fab_addr_len(sv->fab) ||
+      kvt_fab_av_insert(sv->fab, m->u.hello.addr, &addr) != 0) {
     post_recv(sv, r); /* nowhere to answer */
     return;
   }
@@ -518,7 +677,7 @@ static void on_hello(server *sv, sreq *r) {
           token_equal(sv->cfg->tenants[i].token, m->u.hello.token))
         tenant = i;
   }
-  sess *s = tenant >= -1 && !sv->draining ? sess_new(sv) : NULL;
+  sess *s = tenant >= -1 && !sv->draining ? sess_new(sv, tenant) : NULL;
   if (!s) {
     r->temp_addr = addr;
     if (tenant == -2) {
@@ -546,11 +705,12 @@ static void on_hello(server *sv, sreq *r) {
   s->tenant = tenant;
   s->used = 1;
   s->last = now_s();
+  sv->tenant_sess[tenant + 1]++;
   atomic_fetch_add(&sv->n_sessions, 1);
   r->new_session = s->id;
   r->temp_addr = KVT_FAB_ADDR_NONE;
   r->s = s;
-  s->outstanding++;
+  (void)sess_hold(sv, s); /* its reply */
   reply(sv, r, 0);
 }
 
@@ -622,8 +782,11 @@ static void on_recv(server *sv, sreq *r, const kvt_fab_comp *c) {
     return;
   }
   s->last = now_s();
-  s->outstanding++;
   r->s = s;
+  if (!sess_hold(sv, s)) {
+    reply(sv, r, -EBUSY); /* over its fair share of request slots */
+    return;
+  }
   admit(sv, r);
 }
 
@@ -695,7 +858,7 @@ static void say_ready(server *sv) {
 static int setup(server *sv) {
   char err[512];
   kvt_fab_config fc = {.provider = sv->cfg->provider, .node = sv->cfg->host,
-                       .service = sv->cfg->port, .cq_depth = 4 * NREQ};
+                       .service = sv->cfg->port, .cq_depth = 4 * NREQ, .no_post_wait = 1};
   int rc = kvt_fab_open(&fc, &sv->fab, err, sizeof(err));
   if (rc) {
     fprintf(stderr, "kvtier-server: opening the endpoint: %s\n", err);
@@ -741,6 +904,7 @@ static void serve(server *sv, volatile sig_atomic_t *stop) {
     for (int i = 0; i < n; i++)
       on_completion(sv, &c[i]);
     take_done(sv);
+    retry_posts(sv);
     if (*stop && !sv->draining) {
       sv->draining = 1;
       drain_deadline = now_s() + DRAIN_S;
@@ -761,7 +925,7 @@ static void serve(server *sv, volatile sig_atomic_t *stop) {
       }
     }
     if (n <= 0)
-      kvt_fab_wait(sv->fab, sv->wake_fd, 100);
+      kvt_fab_wait(sv->fab, sv->wake_fd, sv->retry_head ? 1 : 100);
     uint64_t v;
     ssize_t rr = read(sv->wake_fd, &v, sizeof(v));
     (void)rr;
@@ -778,6 +942,8 @@ static void teardown(server *sv) {
   free(sv->threads);
   for (int i = 0; i < NREQ; i++) {
     sreq *r = &sv->req[i];
+    if (r->stage && r->state == RS_RMA && r->pending == P_NONE)
+      r->stage = NULL; /* an RMA may still land in it as the endpoint closes: left */
     if (r->stage)
       buf_put(sv, r->stage);
     if (r->lent) { /* the drain timed out with this GET in progress */

@@ -10,7 +10,8 @@
  *   provider=NAME     libfabric provider (default tcp;ofi_rxm; '+' may stand
  *                     for ';', e.g. verbs+ofi_rxm; auto: the first of efa,
  *                     verbs;ofi_rxm, tcp;ofi_rxm that opens, as the server's)
- *   depth=N           requests in flight at once (default 64, at most 1024)
+ *   depth=N           requests in flight at once (default and most 64: what
+ *                     kvtier-server runs per session; it answers more -EBUSY)
  *   purge=1           delete every key of the tenant at open (tests)
  * HOST is a name, an IPv4 address or a bracketed IPv6 address.
  *
@@ -32,7 +33,10 @@
  * While the server cannot be reached, queued ops fail with the connect
  * error (-ETIMEDOUT, -ECONNREFUSED) at most once per 250 ms retry window,
  * without waiting. A server that refuses the token gives KVT_EAUTH at open.
- * Replies that do not decode are KVT_EPROTO and also drop the connection.
+ * A message that names no request in flight (request ids are random: see
+ * next_rand) is ignored, whoever sent it; a reply to one that contradicts
+ * it (another opcode, a GET longer than its buffer) is KVT_EPROTO and drops
+ * the connection.
  *
  * Stats and list are round trips to the server (STATS, paged LIST): items is
  * the tenant's own count; capacity and used are the server's, shared by its
@@ -45,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -54,7 +59,7 @@
 
 #define DEF_TIMEOUT_MS 5000
 #define DEF_DEPTH 64
-#define MAX_DEPTH 1024
+#define MAX_DEPTH 64 /* kvtier-server runs 64 requests of a session at once, refuses more */
 #define RETRY_NS 250000000LL
 #define EXTRA_RECVS 8
 
@@ -112,7 +117,7 @@ typedef struct fab_tier {
   conn *cn;
   slot *slots;
   uint32_t n_busy;
-  uint64_t next_id;
+  uint64_t rng; /* request ids: see next_rand */
   int last_err;
   int64_t retry_at;
   int started;  /* the first connect has been tried */
@@ -128,6 +133,24 @@ static void wake(fab_tier *s) {
   const uint64_t one = 1;
   ssize_t w = write(s->efd, &one, sizeof(one));
   (void)w;
+}
+
+/* Request ids are nonces: 48 unpredictable bits above the slot index. Any
+ * peer that can reach our endpoint can send it a message, so a reply is only
+ * believed when it names a request id it could not have guessed (a forged
+ * GET reply would otherwise hand the caller whatever its buffer held). */
+static uint64_t next_rand(fab_tier *s) {
+  uint64_t z = (s->rng += 0x9E3779B97F4A7C15ull); /* splitmix64, seeded by getrandom */
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static void seed_rng(fab_tier *s) {
+  uint64_t seed = 0;
+  if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
+    seed = (uint64_t)now_ns() * 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)s;
+  s->rng ^= seed;
 }
 
 /* ---- connection ---- */
@@ -154,7 +177,9 @@ static int conn_hello(fab_tier *s, conn *c) {
   if (rc)
     return rc;
   kvt_proto_msg m;
-  kvt_proto_init(&m, KVT_PROTO_HELLO, 0, 0);
+  seed_rng(s);
+  const uint64_t hello_id = next_rand(s) | 1;
+  kvt_proto_init(&m, KVT_PROTO_HELLO, hello_id, 0);
   m.u.hello.addr = addr;
   m.u.hello.addr_len = (uint16_t)alen;
   memcpy(m.u.hello.tenant, s->tenant, sizeof(s->tenant));
@@ -188,6 +213,12 @@ static int conn_hello(fab_tier *s, conn *c) {
       const uint32_t ri = (uint32_t)(cq[i].ctx - c->rctx);
       kvt_proto_msg r;
       rc = kvt_proto_decode(recv_buf(s, c, ri), cq[i].len, &r);
+      if (rc != 0 || r.h.req_id != hello_id) { /* not the answer to our HELLO: ignored */
+        if ((rc = kvt_fab_recv(c->fab, recv_buf(s, c, ri), KVT_PROTO_MSG_MAX, c->pool_mr.desc,
+                               &c->rctx[ri])) != 0)
+          return rc;
+        continue;
+      }
       if (rc == 0 && r.h.opcode != (KVT_PROTO_HELLO | KVT_PROTO_REPLY))
         rc = KVT_EPROTO;
       if (rc == 0 && r.h.status == 0) {
@@ -402,7 +433,7 @@ static void dispatch(fab_tier *s) {
     sl->c = c;
     sl->busy = 1;
     sl->sent = sl->replied = 0;
-    sl->req_id = (++s->next_id << 16) | i;
+    sl->req_id = (next_rand(s) << 16) | i;
     sl->msg = s->cn->pool + (size_t)i * KVT_PROTO_MSG_MAX;
     s->n_busy++;
     slot_send(s, sl);
@@ -461,23 +492,20 @@ static void on_completion(fab_tier *s, const kvt_fab_comp *cp) {
     }
     const uint8_t *raw = recv_buf(s, c, ri);
     kvt_proto_msg r;
-    int rc = kvt_proto_decode(raw, cp->len, &r);
-    if (rc == 0 && !(r.h.opcode & KVT_PROTO_REPLY))
-      rc = KVT_EPROTO;
-    if (rc == 0) {
-      const uint32_t idx = (uint32_t)(r.h.req_id & 0xffff);
-      if (idx < s->depth && s->slots[idx].req_id == r.h.req_id &&
-          !opcode_matches(r.h.opcode, &s->slots[idx]))
-        rc = KVT_EPROTO;
-    }
-    if (rc == 0)
+    const int ok = kvt_proto_decode(raw, cp->len, &r) == 0 && (r.h.opcode & KVT_PROTO_REPLY);
+    const uint32_t idx = (uint32_t)(r.h.req_id & 0xffff);
+    /* Anyone can send to this endpoint: a message that names no request of
+     * ours in flight (the id is a nonce) is ignored. One that does is the
+     * server's, and must make sense. */
+    slot *sl = ok && idx < s->depth && s->slots[idx].busy && s->slots[idx].req_id == r.h.req_id
+                   ? &s->slots[idx]
+                   : NULL;
+    int rc = sl && !opcode_matches(r.h.opcode, sl) ? KVT_EPROTO : 0;
+    if (rc == 0 && sl)
       rc = on_reply(s, &r);
     if (rc == 0 && s->cn)
       rc = kvt_fab_recv(c->fab, recv_buf(s, c, ri), KVT_PROTO_MSG_MAX, c->pool_mr.desc,
                         &c->rctx[ri]);
-    const uint32_t idx = (uint32_t)(r.h.req_id & 0xffff);
-    slot *sl = rc == 0 && idx < s->depth && s->slots[idx].req_id == r.h.req_id ? &s->slots[idx]
-                                                                                 : NULL;
     if (rc) {
       conn_fail(s, sl, rc);
       return;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include <rdma/fabric.h>
@@ -38,6 +39,7 @@ struct kvt_fab {
   char err[256];
   kvt_fab_comp stash[STASH];
   unsigned stash_head, stash_n;
+  int post_tries; /* see kvt_fab_config.no_post_wait */
 };
 
 static int fab_fail(kvt_fab *f, int rc, const char *what) {
@@ -147,6 +149,7 @@ static int fab_open_one(const kvt_fab_config *cfg, kvt_fab **out, char *err, siz
     return -ENOMEM;
   }
   f->wait_fd = -1;
+  f->post_tries = cfg->no_post_wait ? 1 : 20000;
   atomic_init(&f->next_key, 1);
   const char *prov = cfg->provider && *cfg->provider ? cfg->provider : KVT_FAB_DEFAULT_PROVIDER;
   struct fi_info *hints = fab_hints(prov);
@@ -225,6 +228,33 @@ void kvt_fab_av_remove(kvt_fab *f, uint64_t fi_addr) {
 
 /* ---- memory registration ---- */
 
+/* A key of ours, for providers that take the registrant's (no
+ * FI_MR_PROV_KEY; tcp;ofi_rxm is one, with RMA addresses that are offsets
+ * from 0). The key is all that stands between a registered buffer and any
+ * peer that can reach this endpoint, so it is random, as wide as the
+ * provider's keys go, never a counter a peer could walk. */
+static uint64_t mr_key(kvt_fab *f) {
+  uint64_t k = 0;
+  if (getrandom(&k, sizeof(k), 0) != (ssize_t)sizeof(k)) {
+    /* No entropy source: a counter through splitmix64, seeded by time. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    k = atomic_fetch_add(&f->next_key, 1) + (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull;
+    k = (k ^ (k >> 30)) * 0xBF58476D1CE4E5B9ull;
+    k = (k ^ (k >> 27)) * 0x94D049BB133111EBull;
+    k ^= k >> 31;
+  }
+  const size_t bytes = f->info->domain_attr->mr_key_size;
+  if (bytes && bytes < 8)
+    k &= (1ull << (8 * bytes)) - 1;
+  return k ? k : 1;
+}
+
+/* Bytes of this provider's endpoint names (what a peer's HELLO must carry). */
+size_t kvt_fab_addr_len(const kvt_fab *f) {
+  return f->info->src_addrlen;
+}
+
 int kvt_fab_mr_reg(kvt_fab *f, const void *buf, size_t len, unsigned access, kvt_fab_mr *mr) {
   memset(mr, 0, sizeof(*mr));
   if (len == 0)
@@ -236,9 +266,14 @@ int kvt_fab_mr_reg(kvt_fab *f, const void *buf, size_t len, unsigned access, kvt
     acc |= FI_REMOTE_READ;
   if (access & KVT_FAB_REMOTE_WRITE)
     acc |= FI_REMOTE_WRITE;
-  const uint64_t want = (f->mr_mode & FI_MR_PROV_KEY) ? 0 : atomic_fetch_add(&f->next_key, 1);
   struct fid_mr *m = NULL;
-  const int rc = fi_mr_reg(f->domain, buf, len, acc, 0, want, 0, &m, NULL);
+  int rc;
+  for (int try = 0;; try++) {
+    const uint64_t want = (f->mr_mode & FI_MR_PROV_KEY) ? 0 : mr_key(f);
+    rc = fi_mr_reg(f->domain, buf, len, acc, 0, want, 0, &m, NULL);
+    if ((rc != -FI_ENOKEY && rc != -EEXIST) || (f->mr_mode & FI_MR_PROV_KEY) || try >= 8)
+      break; /* a key in use: draw another */
+  }
   if (rc)
     return fab_fail(f, rc, "fi_mr_reg");
   mr->fid = m;
@@ -345,13 +380,13 @@ int kvt_fab_wait(kvt_fab *f, int wake_fd, int timeout_ms) {
 /* ---- posting ---- */
 
 /* Retries a post that found the queue full for up to ~1 s, driving progress
- * between tries. */
+ * between tries (once only with no_post_wait). */
 #define POST_RETRY(f, what, call)                                              \
   do {                                                                         \
     ssize_t rc_;                                                               \
     for (int try_ = 0;; try_++) {                                              \
       rc_ = (call);                                                            \
-      if (rc_ != -FI_EAGAIN || try_ >= 20000)                                  \
+      if (rc_ != -FI_EAGAIN || try_ >= (f)->post_tries)                        \
         break;                                                                 \
       stash_progress(f);                                                       \
       if (try_ > 100) {                                                        \

@@ -15,7 +15,9 @@
  *   6  u16 opcode   enum kvt_proto_op, | KVT_PROTO_REPLY in replies
  *   8  i32 status   replies: 0, -errno or a KVT_E* code; requests: 0
  *  12  u32 body     bytes of body after the header
- *  16  u64 req_id   chosen by the client, echoed in the reply
+ *  16  u64 req_id   chosen by the client, echoed in the reply; the fabric tier
+ *                  draws it at random (HELLO included) and believes only a
+ *                  reply naming one of its own: anyone may send to its endpoint
  *  24  u64 session  0 in HELLO; the server's session id (tenant binding) after
  * Bodies (all little-endian, fixed layout per opcode, lengths checked):
  *   HELLO    u16 addr_len, addr[addr_len] (the client endpoint's fi_getname),
@@ -29,7 +31,10 @@
  *   LIST     u64 cursor, u32 max
  *   LIST r   u64 next_cursor (0: done), u32 n, n x (key[16], u64 len)
  * PUT r, DEL r and BYE carry no body. A request with an unknown or expired
- * session gets -ENOTCONN; the client then says HELLO again. */
+ * session is dropped unanswered (the server has no address for it): the
+ * client times out and says HELLO again (a client also takes -ENOTCONN so).
+ * A request over its session's share of the server's request slots is
+ * answered -EBUSY (docs/SERVER.md, Limits). */
 #ifndef KVT_PROTO_H
 #define KVT_PROTO_H
 

@@ -49,6 +49,11 @@ typedef struct kvt_fab_config {
   const char *node, *service;
   const char *peer_node, *peer_service;
   uint32_t cq_depth; /* 0: 1024 */
+  /* 0: a post that finds the provider's queue full drives progress and tries
+   * again for up to about a second (clients). 1: it returns -EAGAIN after one
+   * more try, so one thread serving many peers is never held up by one that
+   * does not keep up (the server queues the post and tries again later). */
+  int no_post_wait;
 } kvt_fab_config;
 
 /* Opens fabric, domain, endpoint, CQ and AV. Returns 0, -ENODATA when no
@@ -65,7 +70,10 @@ uint64_t kvt_fab_max_rma(const kvt_fab *f);
 
 /* This endpoint's address (fi_getname): what a peer inserts. */
 int kvt_fab_getname(kvt_fab *f, void *addr, size_t *len);
-/* Inserts a raw address (from a peer's getname) or host:port. */
+/* Bytes of this endpoint's provider's addresses (a peer's getname size). */
+size_t kvt_fab_addr_len(const kvt_fab *f);
+/* Inserts a raw address (from a peer's getname, kvt_fab_addr_len bytes) or
+ * host:port. */
 int kvt_fab_av_insert(kvt_fab *f, const void *addr, uint64_t *fi_addr);
 int kvt_fab_av_insert_host(kvt_fab *f, const char *node, const char *service, uint64_t *fi_addr);
 void kvt_fab_av_remove(kvt_fab *f, uint64_t fi_addr);
@@ -86,13 +94,16 @@ enum kvt_fab_access {
 };
 
 /* Registers buf[0..len) (len may be 0: nothing registered, desc NULL).
- * Returns 0 or -errno. Thread-safe. */
+ * Where the provider takes our keys (no FI_MR_PROV_KEY), each key is drawn
+ * at random (getrandom): a peer that can reach the endpoint cannot guess
+ * one. Returns 0 or -errno. Thread-safe. */
 int kvt_fab_mr_reg(kvt_fab *f, const void *buf, size_t len, unsigned access, kvt_fab_mr *mr);
 void kvt_fab_mr_dereg(kvt_fab_mr *mr);
 /* The RMA address a peer uses for buf + off of a region. */
 uint64_t kvt_fab_mr_addr(const kvt_fab_mr *mr, const void *buf, size_t off);
 
-/* Posting. Return 0, -EAGAIN (queue full: poll, then post again) or -errno. */
+/* Posting. Return 0, -EAGAIN (queue full: poll, then post again; see
+ * no_post_wait) or -errno. */
 int kvt_fab_send(kvt_fab *f, uint64_t dest, const void *buf, size_t len, void *desc,
                  kvt_fab_ctx *ctx);
 int kvt_fab_recv(kvt_fab *f, void *buf, size_t len, void *desc, kvt_fab_ctx *ctx);

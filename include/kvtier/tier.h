@@ -65,10 +65,11 @@
  *                                buffer. OPTs: tenant=NAME ("default"),
  *                                token=TOKEN (else $KVTIER_FABRIC_TOKEN),
  *                                timeout_ms=N (5000, every wait), provider=P
- *                                (tcp;ofi_rxm; '+' for ';'), depth=N (64 ops
- *                                on the wire), purge=1 (empty the tenant at
- *                                open). A wrong token is KVT_EAUTH at open; a
- *                                dead server fails its operations
+ *                                (tcp;ofi_rxm; '+' for ';'), depth=N (ops
+ *                                on the wire, 1 to 64, default 64: what the
+ *                                server runs per session), purge=1 (empty the
+ *                                tenant at open). A wrong token is KVT_EAUTH
+ *                                at open; a dead server fails its operations
  *                                (-ECONNREFUSED, -ECONNRESET, -ETIMEDOUT) and
  *                                the next one reconnects. items counts the
  *                                tenant's values; capacity and used are the

@@ -491,3 +491,34 @@ void kvt_tier_return(kvt_tier *t, kvt_tier_loan *loan) {
   if (t && loan && HAS_MEMBER(t->be, unborrow))
     t->be->unborrow(t->state, loan);
 }
+
+int kvt_tier_reserve(kvt_tier *t, const kvt_key *key, uint64_t len, kvt_tier_reservation *res) {
+  if (!t || !key || !res)
+    return -EINVAL;
+  memset(res, 0, sizeof(*res));
+  if (!HAS_MEMBER(t->be, reserve) || !HAS_MEMBER(t->be, publish) || !HAS_MEMBER(t->be, abort))
+    return KVT_ENOTSUP;
+  res->key = *key;
+  res->len = len;
+  return t->be->reserve(t->state, key, len, res);
+}
+
+int kvt_tier_publish(kvt_tier *t, kvt_tier_reservation *res) {
+  if (!t || !res || !HAS_MEMBER(t->be, publish))
+    return -EINVAL;
+  const uint64_t len = res->len;
+  const int rc = t->be->publish(t->state, res);
+  if (rc == -EINVAL) /* not a reservation: nothing was put */
+    return rc;
+  pthread_mutex_lock(&t->mu); /* counted as a PUT */
+  t->n.puts++;
+  t->n.bytes_in += rc == 0 ? len : 0;
+  t->n.errors += rc != 0;
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+void kvt_tier_abort(kvt_tier *t, kvt_tier_reservation *res) {
+  if (t && res && HAS_MEMBER(t->be, abort))
+    t->be->abort(t->state, res);
+}

@@ -401,45 +401,49 @@ static void entry_release(dram *d, const entry *e) {
 
 /* ---- operations ---------------------------------------------------------------- */
 
-/* The old value is released only once the new one is stored, so a PUT that
- * fails leaves it in place; it also means replacing needs room for both. */
-static int op_put(dram *d, const kvt_tier_op *op) {
-  const uint64_t len = op->len;
+/* A PUT in three steps, which kvt_tier_reserve/publish/abort expose: a
+ * private block (and an index slot) reserved, filled outside the lock, then
+ * published. The old value is released only once the new one is published,
+ * so a PUT that fails leaves it in place; it also means replacing needs room
+ * for both. */
+static int put_reserve(dram *d, uint64_t len, uint32_t *si, uint64_t *off, uint8_t **dst) {
   if (len > d->capacity || len > SIZE_MAX - GRANULE)
     return -ENOSPC;
   const uint64_t size = kvt_align_up(len, GRANULE);
-  uint32_t si = NO_SLAB;
-  uint64_t off = 0;
-  uint8_t *dst = NULL;
+  *si = NO_SLAB;
+  *off = 0;
+  *dst = NULL;
   pthread_mutex_lock(&d->mu);
   int rc = kvt_index_reserve(&d->ix, d->ix.items + d->pending + 1);
   if (!rc && size)
-    rc = block_alloc(d, size, &si, &off);
+    rc = block_alloc(d, size, si, off);
   if (rc) {
     pthread_mutex_unlock(&d->mu);
     return rc;
   }
   if (size) {
-    dst = d->slabs[si].base + off; /* read under the lock: the slab array may move */
+    *dst = d->slabs[*si].base + *off; /* read under the lock: the slab array may move */
     if (!d->hbm)
-      UNPOISON(dst, len);
+      UNPOISON(*dst, len);
   }
   d->pending++;
   pthread_mutex_unlock(&d->mu);
+  return 0;
+}
 
-  if (len)
-    rc = mem_copy(d, dst, op->buf, len); /* the block is private until published */
-
+static void put_abort(dram *d, uint64_t len, uint32_t si, uint64_t off) {
   pthread_mutex_lock(&d->mu);
   d->pending--;
-  if (rc) { /* the copy failed (hbm: a CUDA error): the block goes back */
-    if (size)
-      block_free(d, si, off, size);
-    pthread_mutex_unlock(&d->mu);
-    return rc;
-  }
+  if (si != NO_SLAB)
+    block_free(d, si, off, kvt_align_up(len, GRANULE));
+  pthread_mutex_unlock(&d->mu);
+}
+
+static void put_publish(dram *d, const kvt_key *key, uint64_t len, uint32_t si, uint64_t off) {
+  pthread_mutex_lock(&d->mu);
+  d->pending--;
   int fresh;
-  entry *e = kvt_index_upsert(&d->ix, &op->key, &fresh);
+  entry *e = kvt_index_upsert(&d->ix, key, &fresh); /* the slot was reserved */
   if (!fresh)
     entry_release(d, e);
   e->off = off;
@@ -447,6 +451,22 @@ static int op_put(dram *d, const kvt_tier_op *op) {
   e->slab = si;
   e->pin = 0;
   pthread_mutex_unlock(&d->mu);
+}
+
+static int op_put(dram *d, const kvt_tier_op *op) {
+  uint32_t si;
+  uint64_t off;
+  uint8_t *dst;
+  int rc = put_reserve(d, op->len, &si, &off, &dst);
+  if (rc)
+    return rc;
+  if (op->len)
+    rc = mem_copy(d, dst, op->buf, op->len); /* the block is private until published */
+  if (rc) { /* the copy failed (hbm: a CUDA error): the block goes back */
+    put_abort(d, op->len, si, off);
+    return rc;
+  }
+  put_publish(d, &op->key, op->len, si, off);
   return 0;
 }
 
@@ -724,14 +744,52 @@ static void dram_unborrow(void *state, kvt_tier_loan *loan) {
   loan->internal = NULL;
 }
 
+/* kvt_tier_reserve: the first step of op_put, its block lent to the caller;
+ * internal[] holds the slab, the offset and a tag naming this tier. */
+static int dram_reserve(void *state, const kvt_key *key, uint64_t len,
+                        kvt_tier_reservation *res) {
+  dram *d = state;
+  uint32_t si;
+  uint64_t off;
+  uint8_t *dst;
+  const int rc = put_reserve(d, len, &si, &off, &dst);
+  if (rc)
+    return rc;
+  res->key = *key;
+  res->len = len;
+  res->data = dst;
+  res->internal[0] = ((uint64_t)si << 32) | 1u;
+  res->internal[1] = off;
+  return 0;
+}
+
+static int dram_publish(void *state, kvt_tier_reservation *res) {
+  dram *d = state;
+  if (!(res->internal[0] & 1u))
+    return -EINVAL;
+  put_publish(d, &res->key, res->len, (uint32_t)(res->internal[0] >> 32), res->internal[1]);
+  memset(res->internal, 0, sizeof(res->internal));
+  return 0;
+}
+
+static void dram_abort(void *state, kvt_tier_reservation *res) {
+  dram *d = state;
+  if (!(res->internal[0] & 1u))
+    return;
+  put_abort(d, res->len, (uint32_t)(res->internal[0] >> 32), res->internal[1]);
+  memset(res->internal, 0, sizeof(res->internal));
+}
+
 const kvt_tier_backend kvt_tier_backend_dram = {
     KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "dram", dram_open, dram_close, dram_submit,
-    NULL, dram_stats, dram_list, dram_borrow, dram_unborrow,
+    NULL, dram_stats, dram_list, dram_borrow, dram_unborrow, dram_reserve, dram_publish,
+    dram_abort,
 };
 
 #ifdef KVT_HAVE_CUDA
 const kvt_tier_backend kvt_tier_backend_hbm = {
     KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "hbm", hbm_open, dram_close, dram_submit,
-    NULL, dram_stats, dram_list, dram_borrow, dram_unborrow,
+    NULL, dram_stats, dram_list, dram_borrow, dram_unborrow, dram_reserve, dram_publish,
+    dram_abort,
 };
 #endif

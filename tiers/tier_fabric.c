@@ -936,5 +936,5 @@ static int fab_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state
 
 const kvt_tier_backend kvt_tier_backend_fabric = {
     KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "fabric", fab_open, fab_close, fab_submit,
-    NULL, fab_stats, fab_list, NULL, NULL,
+    NULL, fab_stats, fab_list, NULL, NULL, NULL, NULL, NULL, /* no loans, no reservations */
 };

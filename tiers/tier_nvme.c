@@ -775,4 +775,5 @@ int nvme_submit(void *state, kvt_tier_op *op) {
 const kvt_tier_backend kvt_tier_backend_nvme = {
     KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "nvme", nvme_open, nvme_close, nvme_submit,
     nvme_progress, nvme_stats, nvme_list, NULL, NULL, /* files: no loans */
+    NULL, NULL, NULL,
 };

@@ -215,6 +215,31 @@ typedef struct kvt_tier_loan {
 KVT_API int kvt_tier_borrow(kvt_tier *tier, const kvt_key *key, kvt_tier_loan *loan);
 KVT_API void kvt_tier_return(kvt_tier *tier, kvt_tier_loan *loan);
 
+/* Zero-copy writes into tiers that hold payloads in memory (dram, hbm): a
+ * block of len bytes reserved for key, which the caller fills in place (an
+ * RDMA read, a GPU store kernel, a read from a socket) and then publishes:
+ * the value becomes visible at once, replacing any old one, exactly as a
+ * PUT of those bytes would (and is counted as one). Until then nothing reads
+ * the block and gets see the old value; kvt_tier_abort gives the block back
+ * and leaves the old value in place. From a dram tier the block is host
+ * memory (page-locked and mapped when the tier pins its slabs), from an hbm
+ * tier device memory. Every reservation must be published or aborted before
+ * the tier is closed. Thread-safe. */
+typedef struct kvt_tier_reservation {
+  void *data;       /* where to write len bytes (NULL when len is 0) */
+  uint64_t len;
+  kvt_key key;
+  uint64_t internal[2]; /* library-owned */
+} kvt_tier_reservation;
+
+/* Returns 0, -ENOSPC (no room: as a PUT of len bytes would be refused),
+ * KVT_ENOTSUP (the tier cannot: nvme, remote tiers, decorators) or -EINVAL. */
+KVT_API int kvt_tier_reserve(kvt_tier *tier, const kvt_key *key, uint64_t len,
+                             kvt_tier_reservation *res);
+/* Returns 0 or -EINVAL (not a reservation of this tier). */
+KVT_API int kvt_tier_publish(kvt_tier *tier, kvt_tier_reservation *res);
+KVT_API void kvt_tier_abort(kvt_tier *tier, kvt_tier_reservation *res);
+
 /* Parses a size with a unit ("8GiB", "512MB", "4096"). Returns 0 or -EINVAL. */
 KVT_API int kvt_parse_size(const char *text, uint64_t *out);
 
@@ -249,6 +274,10 @@ typedef struct kvt_tier_backend {
    * has neither): as kvt_tier_borrow / kvt_tier_return. */
   int (*borrow)(void *state, const kvt_key *key, kvt_tier_loan *loan);
   void (*unborrow)(void *state, kvt_tier_loan *loan);
+  /* Optional, appended in 0.3: as kvt_tier_reserve / publish / abort. */
+  int (*reserve)(void *state, const kvt_key *key, uint64_t len, kvt_tier_reservation *res);
+  int (*publish)(void *state, kvt_tier_reservation *res);
+  void (*abort)(void *state, kvt_tier_reservation *res);
 } kvt_tier_backend;
 
 /* Backends call this exactly once per accepted operation, with op->result

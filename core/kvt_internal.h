@@ -49,6 +49,11 @@ int kvt_fail(kvt_ctx *ctx, int err, const char *fmt, ...) KVT_PRINTF(3, 4);
 void kvt_clear_error(kvt_ctx *ctx);
 void kvt_logf(kvt_ctx *ctx, int level, const char *fmt, ...) KVT_PRINTF(3, 4);
 
+/* src[0..n) into dst (capacity cap, NUL-terminated) with %XX escapes decoded:
+ * exactly two hex digits, never %00 (a NUL would cut a credential short).
+ * Returns 0, or -1 for a bad escape or no room (core/text.c). */
+int kvt_url_unescape(char *dst, size_t cap, const char *src, size_t n);
+
 void *kvt_alloc(kvt_ctx *ctx, size_t size, size_t alignment);
 void kvt_dealloc(kvt_ctx *ctx, void *ptr);
 

@@ -18,6 +18,7 @@
 #include <hiredis/hiredis.h>
 
 #include "cli_util.h"
+#include "kvt_internal.h" /* kvt_url_unescape: the URL read as the tier reads it */
 
 static const char redis_help[] =
     "Usage: kvtier bench redis [--url redis://HOST:PORT] [--size 1MiB] [--clients 4]\n"
@@ -122,32 +123,6 @@ static void stop_server(rb *b) {
     rmdir(b->dir);
 }
 
-static int hexval(char ch) {
-  return ch >= '0' && ch <= '9'   ? ch - '0'
-         : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-         : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
-                                  : -1;
-}
-
-/* %XX as the tier decodes it (two hex digits, not %00). */
-static int unescape(char *dst, size_t cap, const char *src, size_t n) {
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    char ch = src[i];
-    if (ch == '%') {
-      const int hi = i + 2 < n ? hexval(src[i + 1]) : -1, lo = i + 2 < n ? hexval(src[i + 2]) : -1;
-      if (hi < 0 || lo < 0 || (hi | lo) == 0)
-        return -1;
-      ch = (char)(hi << 4 | lo);
-      i += 2;
-    }
-    if (k + 1 >= cap)
-      return -1;
-    dst[k++] = ch;
-  }
-  dst[k] = '\0';
-  return 0;
-}
 
 /* HOST ([IPv6] too), PORT, USER, PASSWORD (%XX decoded) and DB of --url, as
  * the tier reads them (for redis-benchmark). */
@@ -161,8 +136,8 @@ static int parse_url(rb *b) {
   if (at) {
     const char *colon = memchr(p, ':', (size_t)(at - p));
     const char *pw = colon ? colon + 1 : p;
-    if (unescape(b->user, sizeof(b->user), p, colon ? (size_t)(colon - p) : 0) ||
-        unescape(b->pass, sizeof(b->pass), pw, (size_t)(at - pw)))
+    if (kvt_url_unescape(b->user, sizeof(b->user), p, colon ? (size_t)(colon - p) : 0) ||
+        kvt_url_unescape(b->pass, sizeof(b->pass), pw, (size_t)(at - pw)))
       return cli_usage_error("bench redis", "--url has a bad USER:PASSWORD@");
     p = at + 1;
   }

@@ -71,34 +71,6 @@
 
 /* ---- spec ---- */
 
-static int hexval(char ch) {
-  return ch >= '0' && ch <= '9'   ? ch - '0'
-         : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-         : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
-                                  : -1;
-}
-
-/* %XX escapes: exactly two hex digits, never %00 (a NUL would cut the
- * credential short and AUTH with another one). */
-static int unescape(char *dst, size_t cap, const char *src, size_t n) {
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    char ch = src[i];
-    if (ch == '%') {
-      const int hi = i + 2 < n ? hexval(src[i + 1]) : -1, lo = i + 2 < n ? hexval(src[i + 2]) : -1;
-      if (hi < 0 || lo < 0 || (hi | lo) == 0)
-        return -1;
-      ch = (char)(hi << 4 | lo);
-      i += 2;
-    }
-    if (k + 1 >= cap)
-      return -1;
-    dst[k++] = ch;
-  }
-  dst[k] = '\0';
-  return 0;
-}
-
 static int ns_ok(const char *ns) {
   if (!*ns)
     return 0;
@@ -185,7 +157,8 @@ static int parse_userinfo(rd_state *st, const char *args, const char *u, size_t 
   const size_t un = colon ? (size_t)(colon - u) : 0;
   const char *p = colon ? colon + 1 : u;
   const size_t pn = n - (size_t)(p - u);
-  if (unescape(st->user, sizeof(st->user), u, un) || unescape(st->pass, sizeof(st->pass), p, pn) ||
+  if (kvt_url_unescape(st->user, sizeof(st->user), u, un) ||
+      kvt_url_unescape(st->pass, sizeof(st->pass), p, pn) ||
       !st->pass[0])
     return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': bad USER:PASSWORD@", args);
   return 0;

@@ -94,7 +94,7 @@ typedef struct kvt_cache_config {
    * separated, one per tier, each a link preset of kvtier/model.h
    * ("pcie5-x16", "nvme-gen5-x4") or GB/s ("55.6", measured). NULL, or an
    * empty entry: hbm3-h100 for hbm, pcie5-x16 for dram, nvme-gen4 for nvme,
-   * 25 GB/s (rdma-200g) for the remote tiers to come. */
+   * 25 GB/s (rdma-200g) for the remote tiers (redis, fabric). */
   const char *links;
 } kvt_cache_config;
 

@@ -18,8 +18,9 @@
  * 32-byte sectors per warp instruction, and dequantized there. 16-bit K
  * needs no conversion at all (the K16V8 point); e4m3 becomes fp16 by the
  * paired hardware conversion and its per-token K scale multiplies the
- * scores, its V scale the converted values; int4 becomes fp16 by the
- * 0x6400 exponent trick and one fma with its group's scale and zero. Keys of
+ * scores, its V scale the converted values. INT4 has a path of its own (see
+ * "INT4" below): group-pure tiles through shared memory, raw codes into the
+ * MMA as fp16 subnormals, scales and zero points applied per group. Keys of
  * e4m3/int4 caches are multiplied with an fp16 copy of q; values of e4m3/int4
  * caches with fp16 probabilities. P goes from the score fragment layout to
  * the operand layout through 512 bytes of shared memory per warp.
@@ -112,12 +113,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_h2(uint32_t pair16) {
   return (uint32_t)r.x | ((uint32_t)r.y << 16);
 }
 
-/* Nibbles at bits 0-3 and 16-19 of u as an fp16 pair of integers 0..15. */
-__device__ __forceinline__ __half2 nib2_to_h2(uint32_t u) {
-  const uint32_t x = (u & 0x000F000Fu) | 0x64006400u; /* 1024 + n */
-  return __hsub2(u2h(x), u2h(0x64006400u));
-}
-
 template <int DT> __device__ __forceinline__ float h16_to_f(uint16_t h) {
   if constexpr (DT == KVT_DTYPE_BF16)
     return __uint_as_float((uint32_t)h << 16);
@@ -141,6 +136,24 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   } else {
     return h2u(__floats2half2_rn(lo, hi));
   }
+}
+
+/* 2^x, the hardware approximation (relative error about 2^-22; -inf gives
+ * 0), without exp2f's scaling around it for subnormal results. */
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/* The 8 x 8 matrix of 16-bit values held as an MMA fragment (lane 4 r + c:
+ * row r, columns 2c and 2c + 1), transposed. */
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n"
+               : "=r"(d)
+               : "r"(a));
+  return d;
 }
 
 /* ---- decode ---- */
@@ -206,7 +219,6 @@ template <int FMT, int DT, int D> struct tile_regs {
   uint32_t kw[2][G::KW];                 /* rows g, g+8 */
   uint32_t vw[4][G::VW];                 /* tokens 2t, 2t+1, 2t+8, 2t+9 */
   float ks[2], vs[4];                    /* e4m3 scales */
-  uint32_t kp[2][G::NUK], vp[4][G::NUV]; /* int4 (scale, zero) */
 };
 
 /* Q fragments of the S product: per k tile, two registers. */
@@ -251,13 +263,6 @@ __device__ __forceinline__ void load_k(const kvt_attn_kparams &p,
       ld_unit<G::UK>(row + (t + 4 * u) * G::UK, &r.kw[i][u * (G::UK / 4)]);
     if constexpr (FMT == KVT_ATTN_FP8)
       r.ks[i] = __ldg(reinterpret_cast<const float *>(p.k_scale) + ta.sc0 + rr);
-    if constexpr (FMT == KVT_ATTN_INT4) {
-      const uint32_t *kp = reinterpret_cast<const uint32_t *>(p.k_scale) +
-                           (ta.sc0 + rr) * (D / 32);
-#pragma unroll
-      for (int u = 0; u < G::NUK; u++)
-        r.kp[i][u] = __ldg(kp + slice_dim<G::EPUK, 4>(t, u * G::EPUK) / 32);
-    }
   }
 }
 
@@ -278,13 +283,6 @@ __device__ __forceinline__ void load_v(const kvt_attn_kparams &p,
       ld_unit<G::UV>(row + (g + 8 * u) * G::UV, &r.vw[i][u * (G::UV / 4)]);
     if constexpr (FMT == KVT_ATTN_K16V8 || FMT == KVT_ATTN_FP8)
       r.vs[i] = __ldg(reinterpret_cast<const float *>(p.v_scale) + ta.sc0 + rr);
-    if constexpr (FMT == KVT_ATTN_INT4) {
-      const uint32_t *vp = reinterpret_cast<const uint32_t *>(p.v_scale) +
-                           (ta.sc0 + rr) * (D / 32);
-#pragma unroll
-      for (int u = 0; u < G::NUV; u++)
-        r.vp[i][u] = __ldg(vp + slice_dim<G::EPUV, 8>(g, u * G::EPUV) / 32);
-    }
   }
 }
 
@@ -302,32 +300,13 @@ tile_scores(const kvt_attn_kparams &p, const tile_addr &ta, int g,
     for (int j = 0; j < G::NT; j++)
       mma16816<G::KBF>(c, r.kw[0][2 * j], r.kw[1][2 * j], r.kw[0][2 * j + 1],
                        r.kw[1][2 * j + 1], qb[j][0], qb[j][1]);
-  } else if constexpr (FMT == KVT_ATTN_FP8) {
+  } else { /* FP8 */
 #pragma unroll
     for (int j = 0; j < G::NT; j++)
       mma16816<false>(c, e4m3x2_to_h2(r.kw[0][j]), e4m3x2_to_h2(r.kw[1][j]),
                       e4m3x2_to_h2(r.kw[0][j] >> 16),
                       e4m3x2_to_h2(r.kw[1][j] >> 16), qb[j][0], qb[j][1]);
     c[0] *= r.ks[0], c[1] *= r.ks[0], c[2] *= r.ks[1], c[3] *= r.ks[1];
-  } else { /* INT4: elements 4j..4j+3 of the slice are bytes 2j, 2j+1 */
-#pragma unroll
-    for (int j = 0; j < G::NT; j++) {
-      const int u = 4 * j / G::EPUK;
-      uint32_t a[4];
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        const __half2 sc =
-            __half2half2(__ushort_as_half((uint16_t)(r.kp[i][u] & 0xFFFF)));
-        const __half2 zr =
-            __half2half2(__ushort_as_half((uint16_t)(r.kp[i][u] >> 16)));
-        const uint32_t w =
-            r.kw[i][j / 2] >> (16 * (j & 1)); /* bytes 2j, 2j+1 low */
-        const uint32_t b0 = w & 0xFFu, b1 = (w >> 8) & 0xFFu;
-        a[i] = h2u(__hfma2(nib2_to_h2(b0 | (b0 << 12)), sc, zr));
-        a[i + 2] = h2u(__hfma2(nib2_to_h2(b1 | (b1 << 12)), sc, zr));
-      }
-      mma16816<false>(c, a[0], a[1], a[2], a[3], qb[j][0], qb[j][1]);
-    }
   }
   const float sl = p.scale_log2;
   c[0] = g <= ta.last ? c[0] * sl : -INFINITY;
@@ -369,26 +348,48 @@ __device__ __forceinline__ void tile_pv(const tile_regs<FMT, DT, D> &r, int g,
                       h2u(__hmul2(u2h(e4m3x2_to_h2(hi89 >> 16)), s89)), pb0,
                       pb1);
     }
-  } else { /* INT4: byte j%4 of word j/4 holds slice elements 2j (low), 2j+1 */
+  }
+}
+
+/* Online softmax over one tile's masked scores c (tile_scores' layout): the
+ * running maxima and sums, o (and the NX extra accumulators ex, in o's
+ * layout) rescaled, and P returned as the B operand of O^T += V^T P^T
+ * (tokens 2t, 2t+1 and 2t+8, 2t+9 of head g). The accumulators are rescaled
+ * only when a maximum of the warp moved: after the first tiles it rarely
+ * does, and multiplying by exp2(0) = 1 changes nothing. */
+template <int NT, int NX, bool VBF>
+__device__ __forceinline__ void
+softmax_tile(const float c[4], float (&o)[NT][4], float *ex, float &m0,
+             float &m1, float &l0, float &l1, uint32_t &pb0, uint32_t &pb1) {
+  float mt0 = fmaxf(c[0], c[2]), mt1 = fmaxf(c[1], c[3]);
 #pragma unroll
-    for (int j = 0; j < G::NT; j++) {
-      const int u = 2 * j / G::EPUV;
-      /* (scale, zero) pairs of tokens (2t, 2t+1) and (2t+8, 2t+9) */
-      const __half2 s01 = u2h(__byte_perm(r.vp[0][u], r.vp[1][u], 0x5410));
-      const __half2 z01 = u2h(__byte_perm(r.vp[0][u], r.vp[1][u], 0x7632));
-      const __half2 s89 = u2h(__byte_perm(r.vp[2][u], r.vp[3][u], 0x5410));
-      const __half2 z89 = u2h(__byte_perm(r.vp[2][u], r.vp[3][u], 0x7632));
-      const uint32_t k = j & 3;
-      const uint32_t u01 =
-          __byte_perm(r.vw[0][j / 4], r.vw[1][j / 4], k | ((k + 4) << 8));
-      const uint32_t u89 =
-          __byte_perm(r.vw[2][j / 4], r.vw[3][j / 4], k | ((k + 4) << 8));
-      mma16816<false>(o[j], h2u(__hfma2(nib2_to_h2(u01), s01, z01)),
-                      h2u(__hfma2(nib2_to_h2(u01 >> 4), s01, z01)),
-                      h2u(__hfma2(nib2_to_h2(u89), s89, z89)),
-                      h2u(__hfma2(nib2_to_h2(u89 >> 4), s89, z89)), pb0, pb1);
+  for (int x = 4; x < 32; x <<= 1) {
+    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, x));
+    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, x));
+  }
+  const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
+  const bool moved = mn0 != m0 || mn1 != m1;
+  const float al0 = ex2(m0 - mn0), al1 = ex2(m1 - mn1);
+  m0 = mn0, m1 = mn1;
+  const float p0 = ex2(c[0] - mn0), p1 = ex2(c[1] - mn1);
+  const float p2 = ex2(c[2] - mn0), p3 = ex2(c[3] - mn1);
+  l0 = l0 * al0 + (p0 + p2);
+  l1 = l1 * al1 + (p1 + p3);
+  if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      o[j][0] *= al0, o[j][1] *= al1, o[j][2] *= al0, o[j][3] *= al1;
+    }
+#pragma unroll
+    for (int j = 0; j < NX; j++) {
+      ex[4 * j + 0] *= al0, ex[4 * j + 1] *= al1;
+      ex[4 * j + 2] *= al0, ex[4 * j + 3] *= al1;
     }
   }
+  /* P from (token, head) fragments to (head, token) operand pairs: the two
+   * 8 x 8 blocks (tokens 0-7, 8-15) transposed in registers */
+  pb0 = transpose8x8(pack2<VBF>(p0, p1));
+  pb1 = transpose8x8(pack2<VBF>(p2, p3));
 }
 
 /* Online softmax over one tile's scores, then O += P V. */
@@ -398,49 +399,18 @@ tile_step(const kvt_attn_kparams &p, const tile_addr &ta, int g, int t,
           tile_regs<FMT, DT, D> &r,
           const uint32_t (&qb)[geo<FMT, DT, D>::NT][2],
           float (&o)[geo<FMT, DT, D>::NT][4], float &m0, float &m1, float &l0,
-          float &l1, uint16_t (*sp)[TILE]) {
+          float &l1) {
   using G = geo<FMT, DT, D>;
   float c[4];
   tile_scores<FMT, DT, D>(p, ta, g, r, qb, c);
   if constexpr (!plan<FMT, DT, D>::early_v)
     load_v<FMT, DT, D>(p, ta, g, t, r);
-  float mt0 = fmaxf(c[0], c[2]), mt1 = fmaxf(c[1], c[3]);
-#pragma unroll
-  for (int x = 4; x < 32; x <<= 1) {
-    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, x));
-    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, x));
-  }
-  const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
-  const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
-  m0 = mn0, m1 = mn1;
-  const float p0 = exp2f(c[0] - mn0), p1 = exp2f(c[1] - mn1);
-  const float p2 = exp2f(c[2] - mn0), p3 = exp2f(c[3] - mn1);
-  l0 = l0 * al0 + (p0 + p2);
-  l1 = l1 * al1 + (p1 + p3);
-#pragma unroll
-  for (int j = 0; j < G::NT; j++) {
-    o[j][0] *= al0, o[j][1] *= al1, o[j][2] *= al0, o[j][3] *= al1;
-  }
-  /* P from (token, head) fragments to (head, token) operand pairs */
-  const uint32_t pp0 = pack2<G::VBF>(p0, p1), pp1 = pack2<G::VBF>(p2, p3);
-  sp[2 * t][g] = (uint16_t)(pp0 & 0xFFFF);
-  sp[2 * t + 1][g] = (uint16_t)(pp0 >> 16);
-  sp[2 * t][g + 8] = (uint16_t)(pp1 & 0xFFFF);
-  sp[2 * t + 1][g + 8] = (uint16_t)(pp1 >> 16);
-  __syncwarp();
-  const uint32_t pb0 = *reinterpret_cast<const uint32_t *>(&sp[g][2 * t]);
-  const uint32_t pb1 = *reinterpret_cast<const uint32_t *>(&sp[g][2 * t + 8]);
-  __syncwarp();
+  uint32_t pb0, pb1;
+  softmax_tile<G::NT, 0, G::VBF>(c, o, nullptr, m0, m1, l0, l1, pb0, pb1);
   tile_pv<FMT, DT, D>(r, g, pb0, pb1, o);
 }
 
-/* ---- the cp.async pipeline of INT4 ----
- * INT4 tiles are small: loaded into registers they leave few bytes in flight
- * per warp. So each warp streams its
- * tiles through NS stages of shared memory with cp.async: every lane copies
- * exactly the units it will later read (lane-interleaved, so the read-back is
- * conflict-free), waits only for its own copies (cp.async.wait_group is per
- * thread) and needs no barrier. */
+/* ---- cp.async (INT4 streams its tiles through shared memory) ---- */
 template <int N>
 __device__ __forceinline__ void cp_async(void *smem, const void *gmem) {
   const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
@@ -460,128 +430,6 @@ template <int N> __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-template <int N>
-__device__ __forceinline__ void lds_unit(const uint8_t *p, uint32_t *w) {
-  if constexpr (N == 16) {
-    const uint4 u = *reinterpret_cast<const uint4 *>(p);
-    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-  } else if constexpr (N == 8) {
-    const uint2 u = *reinterpret_cast<const uint2 *>(p);
-    w[0] = u.x, w[1] = u.y;
-  } else {
-    w[0] = *reinterpret_cast<const uint32_t *>(p);
-  }
-}
-
-template <int FMT, int DT, int D> struct pipe {
-  using G = geo<FMT, DT, D>;
-  static constexpr int KB =
-      2 * G::NUK * 32 * G::UK; /* K units of a stage, all lanes */
-  static constexpr int VB = 4 * G::NUV * 32 * G::UV;
-  static constexpr int NSC =
-      FMT == KVT_ATTN_FP8 ? 6 : 2 * G::NUK + 4 * G::NUV; /* scale words */
-  static constexpr int SB =
-      KB + VB + NSC * 32 * 4; /* bytes of a stage, per warp */
-  static constexpr int NS0 = 45056 / (NWARPS * SB);
-  static constexpr int NS = NS0 > 4 ? 4 : NS0;
-  /* FP8 measured slower this way on an H200 (201 vs 174 us at 8 x 32K, L2
-   * request-bound), INT4 faster (167 vs 174 us): only INT4 uses it. */
-  static constexpr bool on = FMT == KVT_ATTN_INT4 && NS >= 2;
-  static constexpr int BUF = on ? NWARPS * NS * SB : 16;
-};
-
-/* Issues the copies of one tile into a stage (this lane's units). */
-template <int FMT, int DT, int D>
-__device__ __forceinline__ void pipe_issue(const kvt_attn_kparams &p,
-                                           const tile_addr &ta, int g, int t,
-                                           int lane, uint8_t *st) {
-  using G = geo<FMT, DT, D>;
-  using P = pipe<FMT, DT, D>;
-  const uint8_t *kb = reinterpret_cast<const uint8_t *>(p.k);
-  const uint8_t *vb = reinterpret_cast<const uint8_t *>(p.v);
-  uint32_t *sc = reinterpret_cast<uint32_t *>(st + P::KB + P::VB);
-  int s = 0;
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    const int tok = g + 8 * i, rr = tok < ta.last ? tok : ta.last;
-    const uint8_t *row = kb + (ta.row0 + (uint64_t)rr * p.kv_heads) * G::RBK;
-#pragma unroll
-    for (int u = 0; u < G::NUK; u++)
-      cp_async<G::UK>(st + ((i * G::NUK + u) * 32 + lane) * G::UK,
-                      row + (t + 4 * u) * G::UK);
-    if constexpr (FMT == KVT_ATTN_FP8) {
-      cp_async<4>(sc + s++ * 32 + lane,
-                  reinterpret_cast<const float *>(p.k_scale) + ta.sc0 + rr);
-    } else {
-      const uint32_t *kp = reinterpret_cast<const uint32_t *>(p.k_scale) +
-                           (ta.sc0 + rr) * (D / 32);
-#pragma unroll
-      for (int u = 0; u < G::NUK; u++)
-        cp_async<4>(sc + s++ * 32 + lane,
-                    kp + slice_dim<G::EPUK, 4>(t, u * G::EPUK) / 32);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const int tok = 2 * t + (i & 1) + 8 * (i >> 1),
-              rr = tok < ta.last ? tok : ta.last;
-    const uint8_t *row = vb + (ta.row0 + (uint64_t)rr * p.kv_heads) * G::RBV;
-#pragma unroll
-    for (int u = 0; u < G::NUV; u++)
-      cp_async<G::UV>(st + P::KB + ((i * G::NUV + u) * 32 + lane) * G::UV,
-                      row + (g + 8 * u) * G::UV);
-    if constexpr (FMT == KVT_ATTN_FP8) {
-      cp_async<4>(sc + s++ * 32 + lane,
-                  reinterpret_cast<const float *>(p.v_scale) + ta.sc0 + rr);
-    } else {
-      const uint32_t *vp = reinterpret_cast<const uint32_t *>(p.v_scale) +
-                           (ta.sc0 + rr) * (D / 32);
-#pragma unroll
-      for (int u = 0; u < G::NUV; u++)
-        cp_async<4>(sc + s++ * 32 + lane,
-                    vp + slice_dim<G::EPUV, 8>(g, u * G::EPUV) / 32);
-    }
-  }
-}
-
-/* Reads this lane's units of a stage back into fragment-order registers. */
-template <int FMT, int DT, int D>
-__device__ __forceinline__ void pipe_read(const uint8_t *st, int lane,
-                                          tile_regs<FMT, DT, D> &r) {
-  using G = geo<FMT, DT, D>;
-  using P = pipe<FMT, DT, D>;
-  const uint32_t *sc = reinterpret_cast<const uint32_t *>(st + P::KB + P::VB);
-  int s = 0;
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-#pragma unroll
-    for (int u = 0; u < G::NUK; u++)
-      lds_unit<G::UK>(st + ((i * G::NUK + u) * 32 + lane) * G::UK,
-                      &r.kw[i][u * (G::UK / 4)]);
-    if constexpr (FMT == KVT_ATTN_FP8) {
-      r.ks[i] = __uint_as_float(sc[s++ * 32 + lane]);
-    } else {
-#pragma unroll
-      for (int u = 0; u < G::NUK; u++)
-        r.kp[i][u] = sc[s++ * 32 + lane];
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-#pragma unroll
-    for (int u = 0; u < G::NUV; u++)
-      lds_unit<G::UV>(st + P::KB + ((i * G::NUV + u) * 32 + lane) * G::UV,
-                      &r.vw[i][u * (G::UV / 4)]);
-    if constexpr (FMT == KVT_ATTN_FP8) {
-      r.vs[i] = __uint_as_float(sc[s++ * 32 + lane]);
-    } else {
-#pragma unroll
-      for (int u = 0; u < G::NUV; u++)
-        r.vp[i][u] = sc[s++ * 32 + lane];
-    }
-  }
-}
-
 /* Where tile ts of sequence table lives. */
 __device__ __forceinline__ tile_addr tile_at(const kvt_attn_kparams &p,
                                              const int32_t *table, uint32_t kvh,
@@ -595,17 +443,313 @@ __device__ __forceinline__ tile_addr tile_at(const kvt_attn_kparams &p,
   return ta;
 }
 
+/* ---- INT4 ----
+ * An int4 tile is small (16 tokens x 2 x (D/2 + 2 D/32) bytes), and its
+ * arithmetic, not its bytes, bounds the kernel. So INT4 has its own path:
+ *
+ * - Each warp streams its tiles through NS stages of shared memory with
+ *   cp.async, in the cache's own order (16-byte chunks, whole sectors); the
+ *   32 lanes share the copies and read back what their fragments need.
+ *   Chunk c of row r is stored at chunk c ^ i4_sw(r), so those reads are
+ *   free of bank conflicts.
+ * - MMA tiles are group-pure: every 16 values of the reduction (keys) or of
+ *   the output rows (values) lie in one group of 32, so a group's scale and
+ *   zero can be applied outside the MMA instead of to every element.
+ * - Codes enter the MMA as they are: nibble n in the low bits of an fp16
+ *   with a zero exponent is the subnormal n * 2^-24, exact, and tensor cores
+ *   take subnormals (tests/test_gpu_attn.c checks against the CPU codec).
+ *   A shift and an AND make 2 codes an operand: no per-element convert,
+ *   subtract or fma. (Taking high nibbles in place, as 16 n, and undoing
+ *   the 16 elsewhere saves some shifts but measured 3% slower on an H200.)
+ * - Keys: S = sum over groups G of s_G * (2^-24 sum_d n_d q_d) * 2^24 +
+ *   sum_G z_G Q_G, where Q_G is the sum of q over group G. The first part is
+ *   one fp32 fma per group and accumulator, the second one more MMA per tile
+ *   (zeros in k columns, Q_G split into fp16 hi + lo parts for fp32
+ *   accuracy).
+ * - Values: O = sum_tok (s_tok,G n) P + sum_tok z_tok,G P. The scale goes
+ *   into the probabilities (P' = P s per group: 2 hmul2), the zero point
+ *   into a per-(group, head) accumulator filled by one more MMA per tile,
+ *   added to every output dim of the group at the end.
+ *
+ * Row r of a stage: K codes at KO + r RB, V codes at VO + r RB, K and V
+ * (scale, zero) words at KSO / VSO + r 4 NG. */
+template <int D> struct i4 {
+  static constexpr int NG = D / 32; /* groups of a row = its 16-byte chunks */
+  static constexpr int RB = D / 2;  /* code bytes of a row */
+  static constexpr int KO = 0, VO = 16 * RB, KSO = 32 * RB,
+                       VSO = 32 * RB + 64 * NG;
+  static constexpr int SB = 32 * RB + 128 * NG; /* bytes of a stage */
+  static constexpr int NCH = SB / 16;           /* its 16-byte chunks */
+  static constexpr int NS0 = 45056 / (NWARPS * SB);
+  static constexpr int NS = NS0 > 4 ? 4 : NS0;
+  static constexpr int BUF = NWARPS * NS * SB;
+  static_assert(NS >= 2, "int4 stages");
+};
+
+/* The chunk swizzle of row r: the 8 rows a warp's reads touch at once (rows
+ * g, and rows 2t + i) fall in distinct banks. */
+template <int D> __device__ __forceinline__ int i4_sw(int r) {
+  if constexpr (D == 64)
+    return (r >> 2) & 1;
+  else if constexpr (D == 128)
+    return (r >> 1) & 3;
+  else
+    return r & 7;
+}
+
+/* A warp's walk over its tiles (every NWARPS-th): the block-table index and
+ * offset of the next one, advanced without a division per tile. */
+struct i4_cursor {
+  int32_t idx, off, step_idx, step_off, bs;
+  __device__ __forceinline__ void init(int32_t first, int32_t block_size) {
+    bs = block_size;
+    idx = first / bs, off = first % bs;
+    step_idx = (NWARPS * TILE) / bs, step_off = (NWARPS * TILE) % bs;
+  }
+  __device__ __forceinline__ void next() {
+    idx += step_idx, off += step_off;
+    if (off >= bs)
+      off -= bs, idx++;
+  }
+};
+
+/* Copies the cursor's tile (K and V codes, K and V scale words) into a
+ * stage and advances the cursor. Which chunk a lane copies is fixed, so its
+ * offsets are computed once (hoisted out of the loop); per tile there is a
+ * page lookup and one base address per section. */
+template <int D>
+__device__ __forceinline__ void i4_issue(const kvt_attn_kparams &p,
+                                         const int32_t *table, uint32_t kvh,
+                                         i4_cursor &cur, int lane,
+                                         uint8_t *st) {
+  using I = i4<D>;
+  const uint32_t page = (uint32_t)__ldg(table + cur.idx);
+  const uint64_t row0 =
+      ((uint64_t)page * (uint32_t)cur.bs + (uint32_t)cur.off) * p.kv_heads +
+      kvh;
+  const uint64_t sc0 =
+      ((uint64_t)page * p.kv_heads + kvh) * (uint32_t)cur.bs + (uint32_t)cur.off;
+  cur.next();
+  const uint8_t *kb = reinterpret_cast<const uint8_t *>(p.k) + row0 * I::RB;
+  const uint8_t *vb = reinterpret_cast<const uint8_t *>(p.v) + row0 * I::RB;
+  const uint8_t *ks =
+      reinterpret_cast<const uint8_t *>(p.k_scale) + sc0 * (4 * I::NG);
+  const uint8_t *vs =
+      reinterpret_cast<const uint8_t *>(p.v_scale) + sc0 * (4 * I::NG);
+  const uint32_t rstride = p.kv_heads * I::RB; /* bytes between tokens */
+#pragma unroll
+  for (int i = 0; i < (I::NCH + 31) / 32; i++) {
+    const int q = lane + 32 * i;
+    if (q < 32 * I::NG) { /* codes: K rows, then V rows */
+      const bool isv = q >= 16 * I::NG;
+      const int qq = isv ? q - 16 * I::NG : q;
+      const int r = qq / I::NG, c = qq % I::NG;
+      cp_async<16>(st + (isv ? I::VO : I::KO) + r * I::RB +
+                       (c ^ i4_sw<D>(r)) * 16,
+                   (isv ? vb : kb) + (r * rstride + c * 16));
+    } else if (q < 36 * I::NG) {
+      const int qq = q - 32 * I::NG;
+      cp_async<16>(st + I::KSO + qq * 16, ks + qq * 16);
+    } else if (q < I::NCH) {
+      const int qq = q - 36 * I::NG;
+      cp_async<16>(st + I::VSO + qq * 16, vs + qq * 16);
+    }
+  }
+}
+
+/* NG scale words of row r of a scale section. */
+template <int D>
+__device__ __forceinline__ void i4_words(const uint8_t *sec, int r,
+                                         uint32_t (&w)[D / 32]) {
+  const uint8_t *a = sec + r * (D / 8);
+  if constexpr (D / 32 >= 4) {
+#pragma unroll
+    for (int k = 0; k < D / 32; k += 4) {
+      const uint4 u = *reinterpret_cast<const uint4 *>(a + 4 * k);
+      w[k] = u.x, w[k + 1] = u.y, w[k + 2] = u.z, w[k + 3] = u.w;
+    }
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2 *>(a);
+    w[0] = u.x, w[1] = u.y;
+  }
+}
+
+/* Q as the B operand of the group-pure key tiles (k tile 2G + e holds dims
+ * 32 G + 8 t + {e, e + 4} at columns 2t, 2t+1 and {e + 1, e + 5} at 2t + 8,
+ * 2t + 9, see i4_tile), and the B operand of the zero-point MMA: sums of q
+ * over groups 2t and 2t + 1 for head g, fp16 hi in qz0 and lo in qz1. */
+template <int DT, int D>
+__device__ __forceinline__ void i4_load_q(const kvt_attn_kparams &p, uint32_t b,
+                                          uint32_t qh0, int nheads, int g,
+                                          int t, uint32_t (&qb)[D / 16][2],
+                                          uint32_t &qz0, uint32_t &qz1) {
+  constexpr int NG = D / 32;
+  const uint16_t *q = reinterpret_cast<const uint16_t *>(p.q);
+  const bool ok = g < nheads;
+  const uint16_t *row = q + ((uint64_t)b * p.q_heads + qh0 + (ok ? g : 0)) * D;
+  /* q[d] as the MMA sees it (fp16) */
+  auto qh = [&](uint32_t w, int hi) {
+    return __float2half_rn(h16_to_f<DT>((uint16_t)(w >> (16 * hi))));
+  };
+#pragma unroll
+  for (int G = 0; G < NG; G++) {
+    const uint16_t *e = row + 32 * G + 8 * t;
+    uint2 u0 = make_uint2(0, 0), u1 = make_uint2(0, 0);
+    if (ok) {
+      u0 = __ldg(reinterpret_cast<const uint2 *>(e));
+      u1 = __ldg(reinterpret_cast<const uint2 *>(e + 4));
+    }
+    qb[2 * G][0] = h2u(__halves2half2(qh(u0.x, 0), qh(u1.x, 0)));
+    qb[2 * G][1] = h2u(__halves2half2(qh(u0.x, 1), qh(u1.x, 1)));
+    qb[2 * G + 1][0] = h2u(__halves2half2(qh(u0.y, 0), qh(u1.y, 0)));
+    qb[2 * G + 1][1] = h2u(__halves2half2(qh(u0.y, 1), qh(u1.y, 1)));
+  }
+  /* sums over groups 2t and 2t + 1 (read again: a register array indexed by
+   * t would go to local memory) */
+  float z[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int x = 0; x < 2; x++) {
+    if (ok && 2 * t + x < NG) {
+      const uint16_t *e = row + 32 * (2 * t + x);
+#pragma unroll
+      for (int k = 0; k < 32; k += 4) {
+        const uint2 u = __ldg(reinterpret_cast<const uint2 *>(e + k));
+        z[x] += __half2float(qh(u.x, 0)) + __half2float(qh(u.x, 1)) +
+                __half2float(qh(u.y, 0)) + __half2float(qh(u.y, 1));
+      }
+    }
+  }
+  const __half h0 = __float2half_rn(z[0]), h1 = __float2half_rn(z[1]);
+  qz0 = h2u(__halves2half2(h0, h1));
+  qz1 = h2u(__floats2half2_rn(z[0] - __half2float(h0), z[1] - __half2float(h1)));
+}
+
+/* One int4 tile from its stage: scores, softmax, O += P V. o holds the
+ * output in units of 2^-24 (codes are subnormals), za the zero-point sums
+ * (row g: group g % NG; heads 2t, 2t+1). */
+template <int D>
+__device__ __forceinline__ void
+i4_tile(const uint8_t *st, int last, float sl, int g, int t,
+        const uint32_t (&qb)[D / 16][2], uint32_t qz0, uint32_t qz1,
+        float (&o)[D / 16][4], float (&za)[4], float &m0, float &m1,
+        float &l0, float &l1) {
+  using I = i4<D>;
+  constexpr int NG = I::NG;
+  constexpr uint32_t M = 0x000F000Fu;
+  const int sw = i4_sw<D>(g); /* = i4_sw(g + 8) */
+
+  /* scores: the zero points' part by MMA, then each group's */
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  {
+    uint32_t a0 = 0, a1 = 0;
+    if (2 * t < NG) {
+      const uint2 z0 = *reinterpret_cast<const uint2 *>(st + I::KSO +
+                                                        g * (D / 8) + 8 * t);
+      const uint2 z1 = *reinterpret_cast<const uint2 *>(
+          st + I::KSO + (g + 8) * (D / 8) + 8 * t);
+      a0 = __byte_perm(z0.x, z0.y, 0x7632);
+      a1 = __byte_perm(z1.x, z1.y, 0x7632);
+    }
+    mma16816<false>(c, a0, a1, a0, a1, qz0, qz1);
+  }
+  uint32_t ks0[NG], ks1[NG];
+  i4_words<D>(st + I::KSO, g, ks0);
+  i4_words<D>(st + I::KSO, g + 8, ks1);
+  float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int G = 0; G < NG; G++) {
+    const int off = ((G ^ sw) * 16) + 4 * t;
+    const uint32_t w0 =
+        *reinterpret_cast<const uint32_t *>(st + I::KO + g * I::RB + off);
+    const uint32_t w1 = *reinterpret_cast<const uint32_t *>(
+        st + I::KO + (g + 8) * I::RB + off);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma16816<false>(acc, w0 & M, w1 & M, (w0 >> 4) & M, (w1 >> 4) & M,
+                    qb[2 * G][0], qb[2 * G][1]);
+    mma16816<false>(acc, (w0 >> 8) & M, (w1 >> 8) & M, (w0 >> 12) & M,
+                    (w1 >> 12) & M, qb[2 * G + 1][0], qb[2 * G + 1][1]);
+    const float s0 = __half2float(__ushort_as_half((uint16_t)ks0[G]));
+    const float s1 = __half2float(__ushort_as_half((uint16_t)ks1[G]));
+    cs[0] = fmaf(s0, acc[0], cs[0]);
+    cs[1] = fmaf(s0, acc[1], cs[1]);
+    cs[2] = fmaf(s1, acc[2], cs[2]);
+    cs[3] = fmaf(s1, acc[3], cs[3]);
+  }
+  /* masked by selection: rows past the end hold whatever the page holds */
+  c[0] = g <= last ? fmaf(cs[0], 16777216.0f, c[0]) * sl : -INFINITY;
+  c[1] = g <= last ? fmaf(cs[1], 16777216.0f, c[1]) * sl : -INFINITY;
+  c[2] = g + 8 <= last ? fmaf(cs[2], 16777216.0f, c[2]) * sl : -INFINITY;
+  c[3] = g + 8 <= last ? fmaf(cs[3], 16777216.0f, c[3]) * sl : -INFINITY;
+
+  uint32_t pb0, pb1;
+  softmax_tile<D / 16, 1, false>(c, o, za, m0, m1, l0, l1, pb0, pb1);
+
+  /* values of tokens 2t, 2t+1, 2t+8, 2t+9 */
+  int tok[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    tok[i] = 2 * t + (i & 1) + 8 * (i >> 1);
+  uint32_t vs[4][NG];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    i4_words<D>(st + I::VSO, tok[i], vs[i]);
+  if (last < TILE - 1) { /* the page's words past the end may be anything */
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int G = 0; G < NG; G++)
+        vs[i][G] = tok[i] <= last ? vs[i][G] : 0u;
+  }
+  {
+    const int gz = g & (NG - 1);
+    uint32_t zt[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      zt[i] = *reinterpret_cast<const uint16_t *>(st + I::VSO + tok[i] * (D / 8) +
+                                                  4 * gz + 2);
+      zt[i] = tok[i] <= last ? zt[i] : 0u;
+    }
+    mma16816<false>(za, zt[0] | (zt[1] << 16), 0u, zt[2] | (zt[3] << 16), 0u,
+                    pb0, pb1);
+  }
+#pragma unroll
+  for (int G = 0; G < NG; G++) {
+    const uint32_t b0 = h2u(
+        __hmul2(u2h(pb0), u2h(__byte_perm(vs[0][G], vs[1][G], 0x5410))));
+    const uint32_t b1 = h2u(
+        __hmul2(u2h(pb1), u2h(__byte_perm(vs[2][G], vs[3][G], 0x5410))));
+    uint32_t h[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      h[i] = *reinterpret_cast<const uint16_t *>(
+          st + I::VO + tok[i] * I::RB + ((G ^ i4_sw<D>(tok[i])) * 16) + 2 * g);
+    const uint32_t x01 = __byte_perm(h[0], h[1], 0x5410);
+    const uint32_t x89 = __byte_perm(h[2], h[3], 0x5410);
+    mma16816<false>(o[2 * G], x01 & M, (x01 >> 4) & M, x89 & M,
+                    (x89 >> 4) & M, b0, b1);
+    mma16816<false>(o[2 * G + 1], (x01 >> 8) & M, (x01 >> 12) & M,
+                    (x89 >> 8) & M, (x89 >> 12) & M, b0, b1);
+  }
+}
+
+/* Output dim of row `row` (0..15) of the int4 value m tile j. */
+__device__ __forceinline__ int i4_dim(int j, int row) {
+  return 32 * (j >> 1) + 4 * (row & 7) + 2 * (j & 1) + (row >> 3);
+}
+
 template <int FMT, int DT, int D>
 __global__ void __launch_bounds__(NWARPS * 32,
                                   D == 256 ? 2 : KVT_ATTN_CTAS_PER_SM)
     decode_kernel(const kvt_attn_kparams p) {
   using G = geo<FMT, DT, D>;
   constexpr int U = plan<FMT, DT, D>::U;
-  __shared__ __align__(16) uint16_t sh_p[NWARPS][8][TILE];
   __shared__ float sh_m[NWARPS][8], sh_l[NWARPS][8];
   constexpr int OBYTES = NWARPS * 8 * D * 4;
+  /* INT4: its stages, and after the loop sh_o and the zero-point sums */
+  constexpr int ZBYTES = FMT == KVT_ATTN_INT4 ? NWARPS * 8 * 8 * 4 : 0;
+  constexpr int IBUF = FMT == KVT_ATTN_INT4 ? i4<D>::BUF : 0;
   constexpr int BUF =
-      pipe<FMT, DT, D>::BUF > OBYTES ? pipe<FMT, DT, D>::BUF : OBYTES;
+      IBUF > OBYTES + ZBYTES ? IBUF : OBYTES + ZBYTES;
   __shared__ __align__(16) uint8_t sh_buf[BUF];
   float(*sh_o)[8][D] = reinterpret_cast<float(*)[8][D]>(sh_buf);
 
@@ -626,7 +770,12 @@ __global__ void __launch_bounds__(NWARPS * 32,
   const int32_t ce = min(len, cs + per);
 
   uint32_t qb[G::NT][2];
-  load_q<FMT, DT, D>(p, b, qh0, nheads, g, t, qb);
+  uint32_t qz0 = 0, qz1 = 0; /* INT4: the zero-point MMA's B operand */
+  if constexpr (FMT == KVT_ATTN_INT4)
+    i4_load_q<DT, D>(p, b, qh0, nheads, g, t, qb, qz0, qz1);
+  else
+    load_q<FMT, DT, D>(p, b, qh0, nheads, g, t, qb);
+  float za[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* INT4: zero-point sums */
 
   float o[G::NT][4];
 #pragma unroll
@@ -636,38 +785,33 @@ __global__ void __launch_bounds__(NWARPS * 32,
   const int32_t *table = reinterpret_cast<const int32_t *>(p.block_table) +
                          (uint64_t)b * p.max_blocks;
 
-  if constexpr (pipe<FMT, DT, D>::on) {
+  if constexpr (FMT == KVT_ATTN_INT4) {
     /* warp w takes tiles w, w + NWARPS, ...: tile k at cs + (w + NWARPS k) *
-     * TILE */
-    constexpr int NS = pipe<FMT, DT, D>::NS, SB = pipe<FMT, DT, D>::SB;
+     * TILE, through NS stages */
+    constexpr int NS = i4<D>::NS, SB = i4<D>::SB;
     uint8_t *wbuf = sh_buf + warp * NS * SB;
     const int32_t first = cs + warp * TILE;
     const int nt =
         first < ce ? (ce - first + NWARPS * TILE - 1) / (NWARPS * TILE) : 0;
+    i4_cursor cur;
+    cur.init(first, (int32_t)p.block_size);
 #pragma unroll
     for (int k = 0; k < NS - 1; k++) {
-      if (k < nt) {
-        const int32_t ts = first + k * NWARPS * TILE;
-        pipe_issue<FMT, DT, D>(p, tile_at(p, table, kvh, ts, ce), g, t, lane,
-                               wbuf + k * SB);
-      }
+      if (k < nt)
+        i4_issue<D>(p, table, kvh, cur, lane, wbuf + k * SB);
       cp_commit();
     }
     for (int k = 0; k < nt; k++) {
       const int kn = k + NS - 1;
-      if (kn < nt) {
-        const int32_t ts = first + kn * NWARPS * TILE;
-        pipe_issue<FMT, DT, D>(p, tile_at(p, table, kvh, ts, ce), g, t, lane,
-                               wbuf + (kn % NS) * SB);
-      }
+      if (kn < nt)
+        i4_issue<D>(p, table, kvh, cur, lane, wbuf + (kn % NS) * SB);
       cp_commit();
       cp_wait<NS - 1>();
-      tile_regs<FMT, DT, D> r;
-      pipe_read<FMT, DT, D>(wbuf + (k % NS) * SB, lane, r);
-      tile_addr ta;
-      ta.row0 = ta.sc0 = 0; /* loaded already */
-      ta.last = min(TILE - 1, ce - 1 - (first + k * NWARPS * TILE));
-      tile_step<FMT, DT, D>(p, ta, g, t, r, qb, o, m0, m1, l0, l1, sh_p[warp]);
+      __syncwarp(); /* every lane's copies of tile k have landed */
+      const int last = min(TILE - 1, ce - 1 - (first + k * NWARPS * TILE));
+      i4_tile<D>(wbuf + (k % NS) * SB, last, p.scale_log2, g, t, qb, qz0, qz1,
+                 o, za, m0, m1, l0, l1);
+      __syncwarp(); /* all reads of the stage done before it is refilled */
     }
     cp_wait<0>();
   } else {
@@ -694,8 +838,7 @@ __global__ void __launch_bounds__(NWARPS * 32,
 #pragma unroll
       for (int u = 0; u < U; u++)
         if (gs + u * TILE < ce)
-          tile_step<FMT, DT, D>(p, ta[u], g, t, r[u], qb, o, m0, m1, l0, l1,
-                                sh_p[warp]);
+          tile_step<FMT, DT, D>(p, ta[u], g, t, r[u], qb, o, m0, m1, l0, l1);
     }
   }
   __syncthreads(); /* the pipeline's buffer becomes sh_o */
@@ -710,14 +853,30 @@ __global__ void __launch_bounds__(NWARPS * 32,
     sh_m[warp][2 * t] = m0, sh_m[warp][2 * t + 1] = m1;
     sh_l[warp][2 * t] = l0, sh_l[warp][2 * t + 1] = l1;
   }
+  float(*sh_z)[8][8] = reinterpret_cast<float(*)[8][8]>(sh_buf + OBYTES);
+  if constexpr (FMT == KVT_ATTN_INT4) {
 #pragma unroll
-  for (int j = 0; j < G::NT; j++) {
-    const int d0 = slice_dim<G::EPUV, 8>(g, 2 * j),
-              d1 = slice_dim<G::EPUV, 8>(g, 2 * j + 1);
-    sh_o[warp][2 * t][d0] = o[j][0];
-    sh_o[warp][2 * t + 1][d0] = o[j][1];
-    sh_o[warp][2 * t][d1] = o[j][2];
-    sh_o[warp][2 * t + 1][d1] = o[j][3];
+    for (int j = 0; j < G::NT; j++) {
+      const int d0 = i4_dim(j, g), d1 = i4_dim(j, g + 8);
+      sh_o[warp][2 * t][d0] = o[j][0] * 16777216.0f; /* codes: 2^-24 n */
+      sh_o[warp][2 * t + 1][d0] = o[j][1] * 16777216.0f;
+      sh_o[warp][2 * t][d1] = o[j][2] * 16777216.0f;
+      sh_o[warp][2 * t + 1][d1] = o[j][3] * 16777216.0f;
+    }
+    if (g < D / 32) {
+      sh_z[warp][g][2 * t] = za[0];
+      sh_z[warp][g][2 * t + 1] = za[1];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < G::NT; j++) {
+      const int d0 = slice_dim<G::EPUV, 8>(g, 2 * j),
+                d1 = slice_dim<G::EPUV, 8>(g, 2 * j + 1);
+      sh_o[warp][2 * t][d0] = o[j][0];
+      sh_o[warp][2 * t + 1][d0] = o[j][1];
+      sh_o[warp][2 * t][d1] = o[j][2];
+      sh_o[warp][2 * t + 1][d1] = o[j][3];
+    }
   }
   __syncthreads();
 
@@ -732,7 +891,10 @@ __global__ void __launch_bounds__(NWARPS * 32,
     for (int w = 0; w < NWARPS; w++) {
       const float e = sh_m[w][h] == -INFINITY ? 0.0f : exp2f(sh_m[w][h] - mx);
       L += sh_l[w][h] * e;
-      acc += sh_o[w][h][d] * e;
+      float ow = sh_o[w][h][d];
+      if constexpr (FMT == KVT_ATTN_INT4)
+        ow += sh_z[w][d >> 5][h];
+      acc += ow * e;
     }
     const float val = L > 0.0f ? acc / L : 0.0f;
     const uint64_t qrow = (uint64_t)b * p.q_heads + qh0 + h;

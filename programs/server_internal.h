@@ -38,6 +38,34 @@ void srv_store_close(srv_store *st);
  * is written here. Returns 0, -ENOSPC, or a tier's error. */
 int srv_store_put(srv_store *st, int tenant, const kvt_key *key, uint8_t *rec, uint64_t len);
 
+/* PUT without a copy: the record's block reserved in the tier srv_store_put
+ * would copy it into (a dram tier: the only one, or the first of two), for
+ * the caller to fill in place (the RMA read lands there), then committed.
+ * reserve: SRV_REC_HDR + len bytes for (tenant, key), the header written,
+ * *rec the record; room is made as a PUT would (dropping values, or copies
+ * with two tiers), never by dropping the key's own value. It never waits
+ * for other requests (the network thread calls it). The old value is served
+ * until commit and kept by abort. Returns 0, KVT_ENOTSUP (no such tier: use
+ * srv_store_put), -ENOSPC or an error.
+ * commit: makes the filled record the key's value as srv_store_put would
+ * (written through to the second tier from the block first, then published
+ * and indexed); afterwards, successful or not, nothing is reserved. may_wait
+ * 0: returns -EWOULDBLOCK having changed nothing when it would block (the key
+ * is being read or written, or there is a second tier to write); call it
+ * again with 1 where blocking is fine. Returns 0 or srv_store_put's errors.
+ * abort: gives the block back (a no-op when nothing is reserved). */
+typedef struct srv_put {
+  kvt_tier *tier; /* NULL: nothing reserved */
+  kvt_tier_reservation res;
+  kvt_key ikey, key;
+  int tenant;
+  uint64_t len;
+} srv_put;
+int srv_store_put_reserve(srv_store *st, int tenant, const kvt_key *key, uint64_t len,
+                          srv_put *p, uint8_t **rec);
+int srv_store_put_commit(srv_store *st, srv_put *p, int may_wait);
+void srv_store_put_abort(srv_store *st, srv_put *p);
+
 /* GET in three steps, so the caller can size its buffer: begin takes a
  * read reference (the value cannot change or go until end) and says its
  * length; read copies the record into rec (SRV_REC_HDR + len bytes) and checks

@@ -5,12 +5,23 @@
  * A request lives in one of NREQ slots, each owning a receive buffer: the
  * number of requests being served at once is bounded by construction, and a
  * slot's buffer is posted again only when its request is finished. The
- * network thread does every libfabric call but registration (the domain is
- * thread-safe; workers register the staging buffers they fill):
- *   PUT   check size -> staging buffer -> fi_read from the client's buffer
- *         -> worker stores it -> reply
- *   GET   worker reads the value into a staging buffer -> fi_write into the
- *         client's buffer -> reply (only after the write completed)
+ * network thread does every libfabric call but some registrations (the
+ * domain is thread-safe; workers register the buffers they fill or lend):
+ *   PUT   check size -> a block reserved for the record in the DRAM tier
+ *         (srv_store_put_reserve) and registered -> fi_read from the
+ *         client's buffer straight into it -> commit -> reply. The commit
+ *         runs here when it cannot block (one DRAM tier, the key not being
+ *         read or written: a lock and an index update), else in a worker
+ *         (with NVMe below: the write-through from the block first). Until
+ *         the commit the old value is served; a failed transfer (RMA error,
+ *         the client gone, a post refused for POST_STALL_S, shutdown) gives the
+ *         block back and the old value stays.
+ *         Without a DRAM tier, or no room for the reservation (reservations
+ *         hold at most half of it), the bytes go through a staging buffer
+ *         instead, which a worker then stores (srv_store_put: a copy).
+ *   GET   worker lends the record from the DRAM tier (registered in place)
+ *         or reads it into a staging buffer -> fi_write into the client's
+ *         buffer -> reply (only after the write completed)
  *   other worker -> reply
  * Payload bytes in flight per session are bounded by --max-inflight: a
  * request that would pass it waits (deferred) until earlier ones finish. A
@@ -94,6 +105,9 @@ struct sreq {
   kvt_proto_msg req;
   sess *s;
   sbuf *stage;
+  srv_put put;        /* a PUT into its block in the DRAM tier: held while put.tier is set */
+  uint8_t *put_rec;   /* that block: the record, its payload after SRV_REC_HDR */
+  kvt_fab_mr put_mr;
   uint64_t rma_off, rma_len; /* the transfer, in chunks of max_rma */
   int32_t status;
   uint64_t out_len, charge;
@@ -333,11 +347,19 @@ static void post_recv(server *sv, sreq *r) {
 static void start(server *sv, sreq *r);
 static void reply(server *sv, sreq *r, int32_t status);
 
+/* Gives back a reserved PUT's block that was not committed (the PUT failed:
+ * the old value stays). Only called with no RMA into it in flight. */
+static void put_drop(server *sv, sreq *r) {
+  kvt_fab_mr_dereg(&r->put_mr);
+  srv_store_put_abort(sv->st, &r->put);
+}
+
 static void finish(server *sv, sreq *r) {
   if (r->hello_q) {
     r->hello_q = 0;
     sv->hello_pending--;
   }
+  put_drop(sv, r);
   buf_put(sv, r->stage);
   r->stage = NULL;
   if (r->lent) {
@@ -439,6 +461,7 @@ static void send_reply(server *sv, sreq *r) {
 }
 
 static void reply(server *sv, sreq *r, int32_t status) {
+  put_drop(sv, r); /* at once: a reply waiting for room holds no DRAM */
   r->status = status;
   r->state = RS_REPLY;
   const int rc = (r->s && r->s->dead) ? -ECONNRESET : encode_reply(sv, r, &r->send_len);
@@ -466,7 +489,10 @@ static void post_rma(server *sv, sreq *r) {
     return;
   }
   int rc;
-  if (r->req.h.opcode == KVT_PROTO_PUT)
+  if (r->req.h.opcode == KVT_PROTO_PUT && r->put.tier)
+    rc = kvt_fab_read(sv->fab, r->s->addr, r->put_rec + SRV_REC_HDR + r->rma_off, (size_t)chunk,
+                      r->put_mr.desc, raddr, r->req.u.data.rma_key, &r->actx);
+  else if (r->req.h.opcode == KVT_PROTO_PUT)
     rc = kvt_fab_read(sv->fab, r->s->addr, r->stage->p + SRV_REC_HDR + r->rma_off, (size_t)chunk,
                       r->stage->mr.desc, raddr, r->req.u.data.rma_key, &r->actx);
   else if (r->lent)
@@ -528,6 +554,40 @@ static void to_workers(server *sv, sreq *r) {
   pthread_mutex_unlock(&sv->mu);
 }
 
+/* A PUT's block reserved in the DRAM tier and registered for the RMA read
+ * into it. Cheap enough for this thread: the store's reserve never waits
+ * for other requests (making room drops DRAM values or copies, no I/O), and
+ * registering is a map insert for tcp;ofi_rxm (about 2 us for 4 MiB; a
+ * provider that pins pages, verbs, pays more, as the GET path does). Its
+ * key is random, as every registration's (kvt_fab_mr_reg). */
+static int put_reserve(server *sv, sreq *r) {
+  uint8_t *rec = NULL;
+  const uint64_t len = r->req.u.data.len;
+  int rc = srv_store_put_reserve(sv->st, r->s->tenant, &r->req.u.data.key, len, &r->put, &rec);
+  if (rc)
+    return rc;
+  rc = kvt_fab_mr_reg(sv->fab, rec, (size_t)(SRV_REC_HDR + len), KVT_FAB_LOCAL, &r->put_mr);
+  if (rc) {
+    srv_store_put_abort(sv->st, &r->put);
+    return rc;
+  }
+  r->put_rec = rec;
+  return 0;
+}
+
+/* The RMA read has filled the reserved block: committed here when that does
+ * not block (one DRAM tier, the key not in use: a lock and an index update),
+ * else by a worker (a write-through to NVMe, or waiting for the key's
+ * readers and writers). */
+static void put_commit(server *sv, sreq *r) {
+  kvt_fab_mr_dereg(&r->put_mr); /* nothing more lands in it */
+  const int rc = srv_store_put_commit(sv->st, &r->put, 0);
+  if (rc == -EWOULDBLOCK)
+    to_workers(sv, r);
+  else
+    reply(sv, r, rc);
+}
+
 /* Starts a request whose in-flight bytes are within the session's bound. */
 static void start(server *sv, sreq *r) {
   r->s->inflight += r->charge;
@@ -535,13 +595,20 @@ static void start(server *sv, sreq *r) {
     to_workers(sv, r);
     return;
   }
+  r->rma_off = 0;
+  r->rma_len = r->req.u.data.len;
+  /* The bytes land where they will be kept when the store has a DRAM tier
+   * with room; else (NVMe only, no room, an empty value) in a staging buffer
+   * that a worker then stores, with srv_store_put's errors. */
+  if (r->rma_len && put_reserve(sv, r) == 0) {
+    post_rma(sv, r);
+    return;
+  }
   r->stage = buf_get(sv, SRV_REC_HDR + r->req.u.data.len);
   if (!r->stage) {
     reply(sv, r, -ENOMEM);
     return;
   }
-  r->rma_off = 0;
-  r->rma_len = r->req.u.data.len;
   if (r->rma_len)
     post_rma(sv, r);
   else
@@ -584,7 +651,9 @@ static void work(server *sv, sreq *r) {
   r->out_len = 0;
   switch (r->req.h.opcode) {
   case KVT_PROTO_PUT:
-    r->status = srv_store_put(sv->st, tenant, &r->req.u.data.key, r->stage->p, r->req.u.data.len);
+    r->status = r->put.tier ? srv_store_put_commit(sv->st, &r->put, 1)
+                            : srv_store_put(sv->st, tenant, &r->req.u.data.key, r->stage->p,
+                                            r->req.u.data.len);
     break;
   case KVT_PROTO_GET:
     work_get(sv, r);
@@ -799,7 +868,9 @@ static void on_rma_done(server *sv, sreq *r, const kvt_fab_comp *c) {
     post_rma(sv, r);
     return;
   }
-  if (r->req.h.opcode == KVT_PROTO_PUT)
+  if (r->req.h.opcode == KVT_PROTO_PUT && r->put.tier)
+    put_commit(sv, r);
+  else if (r->req.h.opcode == KVT_PROTO_PUT)
     to_workers(sv, r);
   else
     reply(sv, r, 0);
@@ -951,6 +1022,7 @@ static void teardown(server *sv) {
       srv_store_get_unlend(sv->st, &r->g);
       srv_store_get_end(sv->st, &r->g, 0);
     }
+    kvt_fab_mr_dereg(&r->put_mr); /* its reservation is given back below */
     free(r->list);
   }
   for (int c = 0; c < BUF_CLASSES; c++)
@@ -960,6 +1032,12 @@ static void teardown(server *sv) {
     }
   kvt_fab_mr_dereg(&sv->pool_mr);
   kvt_fab_close(sv->fab);
+  /* A PUT whose RMA read was in flight when the drain timed out: its block
+   * goes back only now that the endpoint is closed and nothing can land in
+   * it, and before the store closes its tiers (every reservation must be
+   * published or aborted by then). */
+  for (int i = 0; i < NREQ; i++)
+    srv_store_put_abort(sv->st, &sv->req[i].put);
   free(sv->pool);
   pthread_mutex_destroy(&sv->buf_mu);
   pthread_mutex_destroy(&sv->mu);

@@ -20,6 +20,17 @@
  * that is full drops its least recently used values (evict_lru), or refuses
  * the PUT with -ENOSPC.
  *
+ * Reserved PUTs. When the tier a record would be copied into is a dram tier
+ * (the only tier, or the first of two), a PUT can instead reserve its block
+ * there (kvt_tier_reserve) so the network side's RMA lands in it, and commit
+ * it later: written through to the second tier from the block, then
+ * published. Nothing about the key changes until commit: the old value is
+ * served meanwhile and stays if the PUT is aborted; the room is made (and
+ * held) at reserve time, dropping values as a PUT would, never the key's own.
+ * Reservations hold at most half of the tier: beyond that a PUT takes the
+ * copying path, whose put_with_room can then still drop enough values (PUTs
+ * in flight cannot be dropped) for any value up to that half.
+ *
  * Restart. The bottom tier's contents are indexed at open (its own list);
  * whom a record belongs to is read from its header the first time a LIST or
  * STATS needs it (one read of every record, once per start: a persistent
@@ -27,8 +38,10 @@
  * need no owner: they derive the internal key.
  *
  * Concurrency: one mutex over the index; tier I/O runs outside it. An entry
- * has readers (GETs copying it) and at most one writer (PUT, DEL, eviction),
- * which waits for the readers to finish. */
+ * has readers (GETs copying it) and at most one writer (PUT, DEL, eviction,
+ * a reserved PUT's commit), which waits for the readers to finish. A
+ * reservation is not a writer: two of one key may be in flight at once, and
+ * the last to commit wins, as with two PUTs. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -64,6 +77,8 @@ typedef struct tlist {
 struct srv_store {
   kvt_ctx *ctx;
   kvt_tier *top, *bottom; /* top == NULL with one tier */
+  kvt_tier *res_tier;     /* where PUTs may reserve their block: a dram top or only tier */
+  uint64_t res_bytes, res_cap; /* reserved now; at most half of res_tier ("Reserved PUTs") */
   int evict;
   const srv_tenant *tenants;
   int n_tenants;
@@ -222,13 +237,15 @@ static void release_write(srv_store *st, entry *e) {
 
 /* Makes room in `which` (the top tier: drop a copy kept below; the bottom,
  * or the only tier: drop the value) by dropping the coldest value or copy
- * that nobody uses. Returns 1 when something was dropped. */
-static int evict_one(srv_store *st, kvt_tier *which, const entry *keep) {
+ * that nobody uses, never the one of `keep` (the key being put: a PUT that
+ * fails must leave its old value). Returns 1 when something was dropped. */
+static int evict_one(srv_store *st, kvt_tier *which, const kvt_key *keep) {
   const int top = which == st->top;
   pthread_mutex_lock(&st->mu);
   entry *v = st->lru_tail;
   for (; v; v = v->lru_prev)
-    if (v != keep && v->live && !v->busy && !v->readers && (top ? v->in_top : 1))
+    if (v->live && !v->busy && !v->readers && (top ? v->in_top : 1) &&
+        memcmp(v->ikey.bytes, keep->bytes, 16) != 0)
       break;
   if (!v) {
     pthread_mutex_unlock(&st->mu);
@@ -260,7 +277,7 @@ static int put_with_room(srv_store *st, kvt_tier *t, const entry *e, const uint8
                          uint64_t n, int may_evict) {
   for (int tries = 0;; tries++) {
     const int rc = kvt_tier_put(t, &e->ikey, rec, n);
-    if (rc != -ENOSPC || !may_evict || tries > 4096 || !evict_one(st, t, e))
+    if (rc != -ENOSPC || !may_evict || tries > 4096 || !evict_one(st, t, &e->ikey))
       return rc;
   }
 }
@@ -291,6 +308,56 @@ static entry *write_entry(srv_store *st, const kvt_key *ik) {
   return e;
 }
 
+/* Indexes the outcome of a PUT of e (taken for writing): rc 0, the value
+ * in the bottom tier and, top_ok, a copy in the top one; else e as it was
+ * (or gone, when it was new). Releases e. Called under the lock. */
+static void put_done(srv_store *st, entry *e, int tenant, const kvt_key *key, uint64_t len,
+                     int rc, int top_ok) {
+  st->puts++;
+  if (rc) {
+    st->errors += rc != -ENOSPC;
+    release_write(st, e);
+    if (!e->live)
+      remove_entry(st, e);
+    return;
+  }
+  if (e->live)
+    tenant_unlink(st, e);
+  if (e->live && e->tenant == UNRESOLVED)
+    st->unresolved--;
+  e->key = *key;
+  e->tenant = tenant;
+  e->len = len;
+  if (!e->live)
+    e->seq = ++st->next_seq; /* a replaced value keeps its place in listings */
+  e->live = 1;
+  e->in_bottom = 1;
+  e->in_top = (uint8_t)top_ok;
+  tenant_link(st, e);
+  if (e->t_prev && e->t_prev->seq > e->seq) { /* keep seq order for replaced values */
+    tenant_unlink(st, e);
+    tlist *t = &st->tl[tenant];
+    entry *at = t->head;
+    while (at && at->seq < e->seq)
+      at = at->t_next;
+    e->t_next = at;
+    e->t_prev = at ? at->t_prev : t->tail;
+    if (e->t_prev)
+      e->t_prev->t_next = e;
+    else
+      t->head = e;
+    if (at)
+      at->t_prev = e;
+    else
+      t->tail = e;
+    t->items++;
+    t->bytes += e->len;
+  }
+  lru_touch(st, e);
+  st->bytes_in += len;
+  release_write(st, e);
+}
+
 int srv_store_put(srv_store *st, int tenant, const kvt_key *key, uint8_t *rec, uint64_t len) {
   kvt_key ik;
   internal_key(st, tenant, key, &ik);
@@ -313,52 +380,112 @@ int srv_store_put(srv_store *st, int tenant, const kvt_key *key, uint8_t *rec, u
       kvt_tier_del(st->top, &ik); /* the old copy is stale now */
   }
   pthread_mutex_lock(&st->mu);
-  if (rc == 0) {
-    if (e->live)
-      tenant_unlink(st, e);
-    if (e->live && e->tenant == UNRESOLVED)
-      st->unresolved--;
-    e->key = *key;
-    e->tenant = tenant;
-    e->len = len;
-    if (!e->live)
-      e->seq = ++st->next_seq; /* a replaced value keeps its place in listings */
-    e->live = 1;
-    e->in_bottom = 1;
-    e->in_top = (uint8_t)top_ok;
-    tenant_link(st, e);
-    if (e->t_prev && e->t_prev->seq > e->seq) { /* keep seq order for replaced values */
-      tenant_unlink(st, e);
-      tlist *t = &st->tl[tenant];
-      entry *at = t->head;
-      while (at && at->seq < e->seq)
-        at = at->t_next;
-      e->t_next = at;
-      e->t_prev = at ? at->t_prev : t->tail;
-      if (e->t_prev)
-        e->t_prev->t_next = e;
-      else
-        t->head = e;
-      if (at)
-        at->t_prev = e;
-      else
-        t->tail = e;
-      t->items++;
-      t->bytes += e->len;
-    }
-    lru_touch(st, e);
-    st->puts++;
-    st->bytes_in += len;
-    release_write(st, e);
-  } else {
-    st->errors += rc != -ENOSPC;
-    st->puts++;
-    release_write(st, e);
-    if (!e->live)
-      remove_entry(st, e);
-  }
+  put_done(st, e, tenant, key, len, rc, top_ok);
   pthread_mutex_unlock(&st->mu);
   return rc;
+}
+
+/* ---- reserved PUTs ---- */
+
+int srv_store_put_reserve(srv_store *st, int tenant, const kvt_key *key, uint64_t len,
+                          srv_put *p, uint8_t **rec) {
+  p->tier = NULL;
+  if (!st->res_tier)
+    return KVT_ENOTSUP;
+  if (len > UINT64_MAX - SRV_REC_HDR)
+    return -EINVAL;
+  const uint64_t n = SRV_REC_HDR + len;
+  pthread_mutex_lock(&st->mu);
+  const int over = n > st->res_cap || st->res_bytes > st->res_cap - n;
+  if (!over)
+    st->res_bytes += n;
+  pthread_mutex_unlock(&st->mu);
+  if (over)
+    return -ENOSPC;
+  internal_key(st, tenant, key, &p->ikey);
+  /* Copies in the top tier may always go; values only as a PUT may drop them. */
+  const int may_evict = st->top ? 1 : st->evict;
+  int rc;
+  for (int tries = 0;; tries++) {
+    rc = kvt_tier_reserve(st->res_tier, &p->ikey, n, &p->res);
+    if (rc != -ENOSPC || !may_evict || tries > 4096 || !evict_one(st, st->res_tier, &p->ikey))
+      break;
+  }
+  if (rc) {
+    pthread_mutex_lock(&st->mu);
+    st->res_bytes -= n;
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+  }
+  p->tier = st->res_tier;
+  p->key = *key;
+  p->tenant = tenant;
+  p->len = len;
+  rec_header(p->res.data, st->tenants[tenant].tag, key);
+  *rec = p->res.data;
+  return 0;
+}
+
+/* Takes the entry of ik for writing if nobody uses it now (creating it when
+ * absent); NULL with *busy set when that would wait. Called under the lock. */
+static entry *try_write_entry(srv_store *st, const kvt_key *ik, int *busy) {
+  entry *e = find(st, ik);
+  *busy = e && (e->busy || e->readers);
+  if (*busy)
+    return NULL;
+  if (!e)
+    e = insert(st, ik);
+  if (e)
+    e->busy = 1;
+  return e;
+}
+
+int srv_store_put_commit(srv_store *st, srv_put *p, int may_wait) {
+  if (!p->tier)
+    return -EINVAL;
+  if (st->top && !may_wait)
+    return -EWOULDBLOCK; /* the write-through to the bottom tier blocks */
+  pthread_mutex_lock(&st->mu);
+  int busy = 0;
+  entry *e = may_wait ? write_entry(st, &p->ikey) : try_write_entry(st, &p->ikey, &busy);
+  if (!e) {
+    st->errors += !busy;
+    pthread_mutex_unlock(&st->mu);
+    if (busy)
+      return -EWOULDBLOCK;
+    srv_store_put_abort(st, p);
+    return -ENOMEM;
+  }
+  const int had_top = e->in_top;
+  pthread_mutex_unlock(&st->mu);
+  int rc = 0, top_ok = 0;
+  if (st->top) /* durable below before it is visible above */
+    rc = put_with_room(st, st->bottom, e, p->res.data, SRV_REC_HDR + p->len, st->evict);
+  if (rc == 0) {
+    const int prc = kvt_tier_publish(p->tier, &p->res);
+    if (!st->top)
+      rc = prc;
+    else if (!(top_ok = prc == 0) && had_top)
+      kvt_tier_del(st->top, &p->ikey); /* the old copy is stale now */
+  } else {
+    kvt_tier_abort(p->tier, &p->res); /* the bottom tier kept the old value */
+  }
+  p->tier = NULL;
+  pthread_mutex_lock(&st->mu);
+  st->res_bytes -= SRV_REC_HDR + p->len;
+  put_done(st, e, p->tenant, &p->key, p->len, rc, top_ok);
+  pthread_mutex_unlock(&st->mu);
+  return rc;
+}
+
+void srv_store_put_abort(srv_store *st, srv_put *p) {
+  if (!p->tier)
+    return;
+  kvt_tier_abort(p->tier, &p->res);
+  p->tier = NULL;
+  pthread_mutex_lock(&st->mu);
+  st->res_bytes -= SRV_REC_HDR + p->len;
+  pthread_mutex_unlock(&st->mu);
 }
 
 int srv_store_get_begin(srv_store *st, int tenant, const kvt_key *key, srv_get *g) {
@@ -713,6 +840,13 @@ int srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const srv_tena
       snprintf(err, err_cap, "tier '%s': %s", parts[i], kvt_ctx_last_error(ctx));
   st->top = n == 2 ? t[0] : NULL;
   st->bottom = n == 2 ? t[1] : t[0];
+  /* Host memory only: the network side writes the header and RMAs into it. */
+  kvt_tier_stats ts = {.struct_size = sizeof(ts)};
+  if (rc == 0 && strncmp(kvt_tier_spec(t[0]), "dram:", 5) == 0 &&
+      kvt_tier_stats_get(t[0], &ts) == 0) {
+    st->res_tier = t[0];
+    st->res_cap = ts.capacity / 2;
+  }
   rebuild r = {st, NULL, 0, 0};
   if (rc == 0 && (rc = kvt_tier_list(st->bottom, rebuild_one, &r)) == KVT_ENOTSUP)
     rc = 0; /* a tier that cannot list (none of ours): starts empty */

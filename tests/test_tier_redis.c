@@ -384,6 +384,45 @@ static void test_auth_with_password_and_acl_user_and_wrong_password_is_eauth(voi
 
 /* ---- a full server ---- */
 
+/* A server over its maxmemory (noeviction) refuses every command queued in
+ * MULTI, so a DEL sent as a transaction would fail too; DEL is how room is
+ * made on a full server, so it must still work there. */
+static void test_del_frees_room_on_a_server_over_maxmemory(void **state) {
+  (void)state;
+  rfx_server s;
+  memset(&s, 0, sizeof(s));
+  const char *args[] = {"--maxmemory-policy", "noeviction"};
+  memcpy(s.args, args, sizeof(args));
+  s.nargs = 2;
+  assert_int_equal(rfx_start(&s), 0);
+  kvt_ctx *ctx = ctx_new();
+  kvt_tier *t = tier_open(ctx, "redis://127.0.0.1:%d?ns=over", s.port);
+  enum { V = 256 * 1024, N = 8 };
+  uint8_t *val = malloc(V);
+  fill(val, V, 11);
+  for (uint32_t i = 0; i < N; i++) {
+    const kvt_key k = key_of(8, i);
+    assert_int_equal(kvt_tier_put(t, &k, val, V), 0);
+  }
+  /* now over the limit for certain: about 2 MiB used, 1 MiB allowed */
+  assert_true(rfx_cmd_ok(s.port, "CONFIG SET maxmemory 1mb"));
+  const kvt_key more = key_of(8, 100);
+  assert_int_equal(kvt_tier_put(t, &more, val, V), -ENOSPC);
+  uint64_t len = 0;
+  for (uint32_t i = 0; i < N; i++) {
+    const kvt_key k = key_of(8, i);
+    assert_int_equal(kvt_tier_del(t, &k), 0);
+    assert_int_equal(kvt_tier_query(t, &k, &len), KVT_ENOTFOUND);
+  }
+  assert_int_equal(kvt_tier_del(t, &more), KVT_ENOTFOUND);
+  assert_true(rfx_cmd_ok(s.port, "CONFIG SET maxmemory 0"));
+  assert_int_equal(kvt_tier_put(t, &more, val, V), 0);
+  free(val);
+  kvt_tier_close(t);
+  kvt_ctx_destroy(ctx);
+  rfx_stop(&s);
+}
+
 static void test_full_server_gives_enospc_and_recovers_after_deletes(void **state) {
   (void)state;
   rfx_server s;
@@ -694,6 +733,7 @@ int main(void) {
       cmocka_unit_test(test_ttl_expires_values_into_misses),
       cmocka_unit_test(test_auth_with_password_and_acl_user_and_wrong_password_is_eauth),
       cmocka_unit_test(test_full_server_gives_enospc_and_recovers_after_deletes),
+      cmocka_unit_test(test_del_frees_room_on_a_server_over_maxmemory),
       cmocka_unit_test(test_server_killed_mid_run_never_returns_wrong_bytes_and_recovers),
       cmocka_unit_test(test_unresponsive_server_costs_timeouts_per_backoff_not_per_operation),
       cmocka_unit_test(test_many_clients_at_once_keep_values_whole),

@@ -65,6 +65,7 @@ typedef struct rd_job {
   /* the header that was there before (PUT, DEL) */
   uint8_t old[RD_HDR];
   int old_valid, reserved, phase2;
+  int plain_del; /* DEL again without MULTI: the server refused it for memory */
   uint64_t cost;
 } rd_job;
 
@@ -275,6 +276,14 @@ static int append_phase1(rd_state *st, rd_conn *c, rd_job *j) {
   case KVT_TIER_QUERY:
     return put_getrange_hdr(c, j, 0);
   default: {
+    if (j->plain_del) { /* GETRANGE of the header, then DEL, pipelined */
+      int rc = put_getrange_hdr(c, j, 0);
+      if (!rc)
+        rc = put_begin(c, j, 2);
+      if (!rc)
+        rc = put_arg(c, "DEL", 3);
+      return rc ? rc : put_main_key(c, j);
+    }
     int rc = put_tx_begin(c, j);
     if (!rc)
       rc = put_num(c, '*', 2);
@@ -547,7 +556,16 @@ static int read_phase1(rd_state *st, rd_conn *c, rd_job *j) {
     return rc;
   default: {
     int64_t num = 0;
-    rc = read_tx(st, c, j, &num);
+    if (j->plain_del) {
+      const int saved = j->result;
+      rc = read_hdr(st, c, j, &nil);
+      if (!j->redirect)
+        j->result = saved; /* WRONGTYPE: another type, which DEL removes too */
+      if (!rc)
+        rc = read_status(st, c, j, &num);
+    } else {
+      rc = read_tx(st, c, j, &num);
+    }
     if (!rc && !j->result && !j->redirect) {
       j->result = num > 0 ? 0 : KVT_ENOTFOUND; /* another type under the name: deleted too */
       j->nparts = 1;
@@ -821,6 +839,17 @@ static void run_batch(rd_worker *w, rd_job *jobs, int n) {
       } else if (j->redirect) {
         job_redirect(st, j);
         more += !j->done;
+      } else if (j->op->opcode == KVT_TIER_DEL && j->result == -ENOSPC && !j->plain_del) {
+        /* A server over maxmemory refuses every command queued in MULTI,
+         * DEL included, and DEL is how room is made on it: so again, as
+         * GETRANGE and DEL pipelined. Not atomic, but while the server
+         * refuses writes no PUT of the key can come in between. */
+        j->plain_del = 1;
+        j->result = 0;
+        j->phase2 = 0;
+        j->old_valid = 0;
+        j->nparts = 0;
+        more++;
       } else {
         j->done = 1;
       }

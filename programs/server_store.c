@@ -69,9 +69,18 @@ typedef struct entry {
   struct entry *t_prev, *t_next;     /* the tenant's keys in seq order */
 } entry;
 
+/* A tenant's keys in seq order. LIST pages resume at a cursor (a seq): the
+ * hint remembers where the last page stopped (the first entry whose seq is
+ * at least hint_cursor; NULL: none), kept so through removals and appends,
+ * so paging through N keys costs O(N), not a walk from the head per page.
+ * Anything else that moves entries (a replaced value put back in order,
+ * owners resolved after a restart) drops the hint: the next page walks. */
 typedef struct tlist {
   entry *head, *tail;
   uint64_t items, bytes;
+  entry *hint;
+  uint64_t hint_cursor;
+  int hint_valid;
 } tlist;
 
 struct srv_store {
@@ -186,6 +195,12 @@ static void tenant_link(srv_store *st, entry *e) {
   if (e->tenant < 0)
     return;
   tlist *t = &st->tl[e->tenant];
+  if (t->hint_valid) {
+    if (t->tail && t->tail->seq > e->seq)
+      t->hint_valid = 0; /* out of order until put back: see srv_store_put */
+    else if (!t->hint && e->seq >= t->hint_cursor)
+      t->hint = e;
+  }
   e->t_prev = t->tail;
   e->t_next = NULL;
   if (t->tail)
@@ -201,6 +216,8 @@ static void tenant_unlink(srv_store *st, entry *e) {
   if (e->tenant < 0)
     return;
   tlist *t = &st->tl[e->tenant];
+  if (t->hint == e)
+    t->hint = e->t_next; /* the next in seq order is now the first >= cursor */
   if (e->t_prev)
     e->t_prev->t_next = e->t_next;
   else
@@ -701,10 +718,16 @@ int srv_store_list(srv_store *st, int tenant, uint64_t cursor, kvt_proto_list_en
                    uint32_t max, uint32_t *n, uint64_t *next) {
   resolve_owners(st);
   pthread_mutex_lock(&st->mu);
+  tlist *t = &st->tl[tenant];
   uint32_t k = 0;
-  const entry *e = st->tl[tenant].head;
-  while (e && e->seq < cursor)
-    e = e->t_next;
+  entry *e;
+  if (cursor && t->hint_valid && t->hint_cursor == cursor) {
+    e = t->hint;
+  } else {
+    e = t->head;
+    while (e && e->seq < cursor)
+      e = e->t_next;
+  }
   for (; e && k < max; e = e->t_next) {
     out[k].key = e->key;
     out[k].len = e->len;
@@ -712,6 +735,9 @@ int srv_store_list(srv_store *st, int tenant, uint64_t cursor, kvt_proto_list_en
   }
   *n = k;
   *next = e ? e->seq : 0;
+  t->hint = e;
+  t->hint_cursor = *next;
+  t->hint_valid = e != NULL;
   pthread_mutex_unlock(&st->mu);
   return 0;
 }

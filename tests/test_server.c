@@ -55,6 +55,93 @@ static void stop_cleanly(srv_fixture *f) {
     fail_msg("kvtier-server did not exit 0 on SIGTERM (status %d)", st);
 }
 
+/* ---- listing ---- */
+
+#define LIST_KEYS 3000
+
+typedef struct walk {
+  kvt_tier *t;
+  int listed[LIST_KEYS + 200];
+  int calls, added;
+  int deleted[LIST_KEYS];
+} walk;
+
+/* Lists while the tier changes under the walk (the callback runs between
+ * pages): deletes keys, replaces keys already listed and not yet listed
+ * (a replaced value keeps its place), adds new ones. */
+static int walk_cb(void *opaque, const kvt_key *key, uint64_t len) {
+  walk *w = opaque;
+  (void)len;
+  uint32_t id;
+  memcpy(&id, key->bytes, 4);
+  if (id < LIST_KEYS + 200)
+    w->listed[id]++;
+  w->calls++;
+  uint8_t v[16];
+  fill(v, sizeof(v), w->calls);
+  if (w->calls % 7 == 0) { /* delete a key from the far end */
+    const uint32_t d = LIST_KEYS - 1 - (uint32_t)(w->calls / 7);
+    const kvt_key k = key_of(d, 0);
+    if (kvt_tier_del(w->t, &k) == 0)
+      w->deleted[d] = 1;
+  }
+  if (w->calls % 11 == 0 && id < LIST_KEYS) { /* replace one listed and one ahead */
+    const kvt_key k1 = key_of(id, 0), k2 = key_of((id + 500) % LIST_KEYS, 0);
+    if (!w->deleted[id])
+      assert_int_equal(kvt_tier_put(w->t, &k1, v, sizeof(v)), 0);
+    if (!w->deleted[(id + 500) % LIST_KEYS])
+      assert_int_equal(kvt_tier_put(w->t, &k2, v, sizeof(v)), 0);
+  }
+  if (id + 1 < LIST_KEYS && !w->deleted[id + 1]) {
+    /* the next key: at a page's end, the one the next page starts at */
+    const kvt_key k = key_of(id + 1, 0);
+    assert_int_equal(kvt_tier_put(w->t, &k, v, sizeof(v)), 0);
+  }
+  if (w->calls % 13 == 0 && w->added < 200) {
+    const kvt_key k = key_of(LIST_KEYS + (uint32_t)w->added++, 0);
+    assert_int_equal(kvt_tier_put(w->t, &k, v, sizeof(v)), 0);
+  }
+  return 0;
+}
+
+static void test_list_pages_show_every_held_key_once_while_keys_change(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  const char *args[] = {"--tiers", "dram:64MiB", NULL};
+  memcpy(f.args, args, sizeof(args));
+  start_or_fail(&f);
+  kvt_tier *t;
+  assert_int_equal(open_tier(&f, "default", "", 5000, &t), 0);
+  uint8_t v[16];
+  for (uint32_t i = 0; i < LIST_KEYS; i++) {
+    const kvt_key k = key_of(i, 0);
+    fill(v, sizeof(v), i);
+    assert_int_equal(kvt_tier_put(t, &k, v, sizeof(v)), 0);
+  }
+  for (int round = 0; round < 2; round++) {
+    walk *w = calloc(1, sizeof(*w));
+    assert_non_null(w);
+    w->t = t;
+    if (round == 1) /* keys already deleted stay deleted */
+      for (uint32_t i = 0; i < LIST_KEYS; i++) {
+        uint64_t len;
+        const kvt_key k = key_of(i, 0);
+        w->deleted[i] = kvt_tier_query(t, &k, &len) == KVT_ENOTFOUND;
+      }
+    assert_int_equal(kvt_tier_list(t, walk_cb, w), 0);
+    for (uint32_t i = 0; i < LIST_KEYS + 200; i++) {
+      if (w->listed[i] > 1)
+        fail_msg("round %d: key %u listed %d times", round, i, w->listed[i]);
+      if (i < LIST_KEYS && !w->deleted[i] && w->listed[i] != 1)
+        fail_msg("round %d: key %u, held throughout, not listed", round, i);
+    }
+    assert_true(w->calls > 2000);
+    free(w);
+  }
+  kvt_tier_close(t);
+  stop_cleanly(&f);
+}
+
 /* ---- authentication and tenants ---- */
 
 static const char *two_tenants[] = {"--tiers", "dram:32MiB", "--tenant", "alice:secret-a",
@@ -687,6 +774,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_oversize_put_is_refused_with_etoobig, kill_leftovers),
       cmocka_unit_test_teardown(test_stats_request_and_prometheus_text, kill_leftovers),
       cmocka_unit_test_teardown(test_eight_clients_at_once_each_get_their_own_bytes, kill_leftovers),
+      cmocka_unit_test_teardown(test_list_pages_show_every_held_key_once_while_keys_change,
+                                kill_leftovers),
       cmocka_unit_test_teardown(
           test_malformed_and_unauthenticated_requests_leave_the_server_serving, kill_leftovers),
       cmocka_unit_test_teardown(test_sigterm_exits_0_and_a_restart_has_the_nvme_values, kill_leftovers),

@@ -1004,6 +1004,19 @@ static void serve(server *sv, volatile sig_atomic_t *stop) {
 }
 
 static void teardown(server *sv) {
+  /* GETs the drain gave up on (their clients stopped reading) go back first:
+   * a worker may be waiting for them (a commit of the same key), and the
+   * workers are joined next. Nothing moves their bytes any more: the network
+   * thread, which drives the provider, has stopped. */
+  for (int i = 0; i < NREQ; i++) {
+    sreq *r = &sv->req[i];
+    if (r->lent) {
+      kvt_fab_mr_dereg(&r->lend_mr);
+      srv_store_get_unlend(sv->st, &r->g);
+      srv_store_get_end(sv->st, &r->g, 0);
+      r->lent = 0;
+    }
+  }
   pthread_mutex_lock(&sv->mu);
   sv->stop_workers = 1;
   pthread_cond_broadcast(&sv->cv);
@@ -1017,11 +1030,6 @@ static void teardown(server *sv) {
       r->stage = NULL; /* an RMA may still land in it as the endpoint closes: left */
     if (r->stage)
       buf_put(sv, r->stage);
-    if (r->lent) { /* the drain timed out with this GET in progress */
-      kvt_fab_mr_dereg(&r->lend_mr);
-      srv_store_get_unlend(sv->st, &r->g);
-      srv_store_get_end(sv->st, &r->g, 0);
-    }
     kvt_fab_mr_dereg(&r->put_mr); /* its reservation is given back below */
     free(r->list);
   }

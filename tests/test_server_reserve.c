@@ -531,6 +531,55 @@ static void test_sigterm_with_a_put_in_flight_exits_0_and_keeps_the_old_value(vo
   srv_rmdir(dir);
 }
 
+/* A GET served in place whose client stops reading keeps its value lent; a
+ * PUT of that key then waits on a worker for the reader. SIGTERM must still
+ * exit: the drain gives up on the GET after 10 s, and the loan has to go
+ * back before the workers are joined (it went back after, and the exit
+ * hung). */
+static void test_sigterm_with_a_stuck_get_and_a_waiting_put_exits_0(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  const char *args[] = {"--tiers", "dram:64MiB", NULL};
+  memcpy(f.args, args, sizeof(args));
+  start_or_fail(&f);
+  kvt_tier *t;
+  assert_int_equal(open_tier(&f, 5000, &t), 0);
+  const kvt_key k = key_of(7, 0);
+  const uint64_t len = 8u << 20; /* more than the sockets buffer: the write stalls */
+  uint8_t *v = malloc(len);
+  assert_non_null(v);
+  fill(v, len, 70);
+  put_checked(t, &k, v, len);
+  kvt_tier_close(t);
+
+  stalled s;
+  stalled_open(&s, &f, len, 71);
+  kvt_fab_mr_dereg(&s.pmr);
+  assert_int_equal(kvt_fab_mr_reg(s.b.f, s.payload, len, KVT_FAB_REMOTE_WRITE, &s.pmr), 0);
+  kvt_proto_msg m;
+  kvt_proto_init(&m, KVT_PROTO_GET, 4001, s.session);
+  m.u.data.key = k;
+  m.u.data.len = len;
+  m.u.data.rma_addr = kvt_fab_mr_addr(&s.pmr, s.payload, 0);
+  m.u.data.rma_key = s.pmr.key;
+  raw_send(&s.a, &m);
+  sleep_ms(300); /* the server has lent the value and started writing */
+
+  /* A replacement from a client with a short timeout: its commit waits for
+   * the stuck reader, on a worker; the client gives up. */
+  assert_int_equal(open_tier(&f, 1500, &t), 0);
+  fill(v, len, 72);
+  const int rc = kvt_tier_put(t, &k, v, len);
+  assert_true(rc == 0 || rc == -ETIMEDOUT || rc == -ECONNRESET);
+  kvt_tier_close(t);
+
+  const int64_t t0 = ms_now();
+  stop_cleanly(&f); /* fails if the server does not exit 0 within 20 s */
+  assert_true(ms_now() - t0 < 20000);
+  stalled_close(&s);
+  free(v);
+}
+
 /* ---- concurrency ---- */
 
 #define V_HEAD 16
@@ -932,6 +981,8 @@ int main(int argc, char **argv) {
                                 kill_leftovers),
       cmocka_unit_test_teardown(test_get_and_del_while_a_replacement_is_in_flight, kill_leftovers),
       cmocka_unit_test_teardown(test_a_put_whose_client_dies_mid_transfer_leaves_the_old_value,
+                                kill_leftovers),
+      cmocka_unit_test_teardown(test_sigterm_with_a_stuck_get_and_a_waiting_put_exits_0,
                                 kill_leftovers),
       cmocka_unit_test_teardown(test_sigterm_with_a_put_in_flight_exits_0_and_keeps_the_old_value,
                                 kill_leftovers),

@@ -50,6 +50,34 @@ static inline void srv_kill_all(void) {
 
 static inline int srv_binary_present(void) { return access(SRV_BIN, X_OK) == 0; }
 
+/* A test's teardown: kills the servers a failed assertion left running. */
+static inline int srv_kill_leftovers(void **state) {
+  (void)state;
+  srv_kill_all();
+  return 0;
+}
+
+#ifdef KVT_TRANSPORT_H
+/* Whether the server tests can run here: kvtier-server built, and the
+ * default provider opening on 127.0.0.1. Says why not (the test then exits
+ * 77, skipped). */
+static inline int srv_can_run(void) {
+  if (!srv_binary_present()) {
+    printf("[  SKIP    ] %s not built\n", SRV_BIN);
+    return 0;
+  }
+  char err[256];
+  kvt_fab *probe = NULL;
+  kvt_fab_config pc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .node = "127.0.0.1", .service = "0"};
+  if (kvt_fab_open(&pc, &probe, err, sizeof(err)) != 0) {
+    printf("[  SKIP    ] %s\n", err);
+    return 0;
+  }
+  kvt_fab_close(probe);
+  return 1;
+}
+#endif
+
 /* Starts the server with f->args on f->port (0: any free port, learnt from
  * the ready line). Returns 0, or -1 when it did not become ready in 15 s. */
 static inline int srv_start(srv_fixture *f) {

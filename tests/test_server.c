@@ -748,39 +748,23 @@ static int teardown(void **state) {
   return 0;
 }
 
-static int kill_leftovers(void **state) {
-  (void)state;
-  srv_kill_all();
-  return 0;
-}
-
 int main(void) {
-  if (!srv_binary_present()) {
-    printf("[  SKIP    ] %s not built\n", SRV_BIN);
+  if (!srv_can_run())
     return 77;
-  }
-  char err[256];
-  kvt_fab *probe = NULL;
-  kvt_fab_config pc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .node = "127.0.0.1", .service = "0"};
-  if (kvt_fab_open(&pc, &probe, err, sizeof(err)) != 0) {
-    printf("[  SKIP    ] %s\n", err);
-    return 77;
-  }
-  kvt_fab_close(probe);
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_teardown(test_wrong_token_or_unknown_tenant_is_refused_at_open, kill_leftovers),
-      cmocka_unit_test_teardown(test_tenants_cannot_read_delete_or_list_each_others_keys, kill_leftovers),
-      cmocka_unit_test_teardown(test_oversize_put_is_refused_with_etoobig, kill_leftovers),
-      cmocka_unit_test_teardown(test_stats_request_and_prometheus_text, kill_leftovers),
-      cmocka_unit_test_teardown(test_eight_clients_at_once_each_get_their_own_bytes, kill_leftovers),
+      cmocka_unit_test_teardown(test_wrong_token_or_unknown_tenant_is_refused_at_open, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_tenants_cannot_read_delete_or_list_each_others_keys, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_oversize_put_is_refused_with_etoobig, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_stats_request_and_prometheus_text, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_eight_clients_at_once_each_get_their_own_bytes, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_list_pages_show_every_held_key_once_while_keys_change,
-                                kill_leftovers),
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(
-          test_malformed_and_unauthenticated_requests_leave_the_server_serving, kill_leftovers),
-      cmocka_unit_test_teardown(test_sigterm_exits_0_and_a_restart_has_the_nvme_values, kill_leftovers),
-      cmocka_unit_test_teardown(test_dead_server_fails_ops_and_the_same_tier_reconnects, kill_leftovers),
-      cmocka_unit_test_teardown(test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover, kill_leftovers),
+          test_malformed_and_unauthenticated_requests_leave_the_server_serving, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_sigterm_exits_0_and_a_restart_has_the_nvme_values, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_dead_server_fails_ops_and_the_same_tier_reconnects, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover, srv_kill_leftovers),
   };
   return cmocka_run_group_tests_name("kvtier-server", tests, setup, teardown);
 }

@@ -952,48 +952,32 @@ static int teardown(void **state) {
   return 0;
 }
 
-static int kill_leftovers(void **state) {
-  (void)state;
-  srv_kill_all();
-  return 0;
-}
-
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--child-put") == 0)
     return child_put_forever(argv[2]);
   self_path = argv[0];
-  if (!srv_binary_present()) {
-    printf("[  SKIP    ] %s not built\n", SRV_BIN);
+  if (!srv_can_run())
     return 77;
-  }
-  char err[256];
-  kvt_fab *probe = NULL;
-  kvt_fab_config pc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .node = "127.0.0.1", .service = "0"};
-  if (kvt_fab_open(&pc, &probe, err, sizeof(err)) != 0) {
-    printf("[  SKIP    ] %s\n", err);
-    return 77;
-  }
-  kvt_fab_close(probe);
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_teardown(test_reserved_puts_round_trip_on_a_dram_server, kill_leftovers),
+      cmocka_unit_test_teardown(test_reserved_puts_round_trip_on_a_dram_server, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_reserved_puts_on_dram_nvme_are_durable_and_cached,
-                                kill_leftovers),
-      cmocka_unit_test_teardown(test_get_and_del_while_a_replacement_is_in_flight, kill_leftovers),
+                                srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_get_and_del_while_a_replacement_is_in_flight, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_a_put_whose_client_dies_mid_transfer_leaves_the_old_value,
-                                kill_leftovers),
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_sigterm_with_a_stuck_get_and_a_waiting_put_exits_0,
-                                kill_leftovers),
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_sigterm_with_a_put_in_flight_exits_0_and_keeps_the_old_value,
-                                kill_leftovers),
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_replacing_a_value_while_gets_run_never_returns_wrong_bytes,
-                                kill_leftovers),
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_concurrent_puts_of_one_key_leave_one_whole_value,
-                                kill_leftovers),
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_a_full_dram_tier_with_evict_none_refuses_and_keeps_its_values,
-                                kill_leftovers),
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_a_full_dram_tier_with_evict_lru_keeps_taking_puts,
-                                kill_leftovers),
+                                srv_kill_leftovers),
   };
   return cmocka_run_group_tests_name("kvtier-server reserved PUTs", tests, setup, teardown);
 }

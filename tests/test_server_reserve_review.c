@@ -334,30 +334,14 @@ static int teardown(void **state) {
   return 0;
 }
 
-static int kill_leftovers(void **state) {
-  (void)state;
-  srv_kill_all();
-  return 0;
-}
-
 int main(void) {
-  if (!srv_binary_present()) {
-    printf("[  SKIP    ] %s not built\n", SRV_BIN);
+  if (!srv_can_run())
     return 77;
-  }
-  kvt_fab *probe = NULL;
-  char err[256];
-  kvt_fab_config fc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .node = "127.0.0.1", .service = "0"};
-  if (kvt_fab_open(&fc, &probe, err, sizeof(err)) != 0) {
-    printf("[  SKIP    ] %s\n", err);
-    return 77;
-  }
-  kvt_fab_close(probe);
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_teardown(test_many_keys_with_evict_lru_on_one_dram_tier, kill_leftovers),
+      cmocka_unit_test_teardown(test_many_keys_with_evict_lru_on_one_dram_tier, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_many_keys_with_evict_lru_on_dram_and_nvme_survive_a_restart,
-                                kill_leftovers),
+                                srv_kill_leftovers),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

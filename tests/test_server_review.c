@@ -468,34 +468,18 @@ static int teardown(void **state) {
   return 0;
 }
 
-static int kill_leftovers(void **state) {
-  (void)state;
-  srv_kill_all();
-  return 0;
-}
-
 int main(void) {
-  if (!srv_binary_present()) {
-    printf("[  SKIP    ] %s not built\n", SRV_BIN);
+  if (!srv_can_run())
     return 77;
-  }
-  char err[256];
-  kvt_fab *probe = NULL;
-  kvt_fab_config pc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .node = "127.0.0.1", .service = "0"};
-  if (kvt_fab_open(&pc, &probe, err, sizeof(err)) != 0) {
-    printf("[  SKIP    ] %s\n", err);
-    return 77;
-  }
-  kvt_fab_close(probe);
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_a_peer_cannot_guess_registration_keys),
-      cmocka_unit_test_teardown(test_a_peer_cannot_read_the_servers_memory, kill_leftovers),
-      cmocka_unit_test_teardown(test_forged_replies_are_not_believed, kill_leftovers),
+      cmocka_unit_test_teardown(test_a_peer_cannot_read_the_servers_memory, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_forged_replies_are_not_believed, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_hello_floods_do_not_end_another_clients_session,
-                                kill_leftovers),
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_a_stalled_session_does_not_take_every_request_slot,
-                                kill_leftovers),
+                                srv_kill_leftovers),
   };
   return cmocka_run_group_tests_name("kvtier-server review", tests, setup, teardown);
 }

@@ -867,8 +867,18 @@ static void run_batch(rd_worker *w, rd_job *jobs, int n) {
     const uint64_t refused = job_account(st, j);
     full = refused > full ? refused : full;
   }
-  if (full && !st->capacity && !refusal_expected(st, full))
+  if (full && !st->capacity && !refusal_expected(st, full)) {
     rd_learn_capacity(st, 0); /* before the caller sees -ENOSPC: capacity follows */
+    /* The server's own buffers (a client's query buffer holds a whole
+     * value) move its used_memory by tens of KiB between the refusal and
+     * the INFO above: what it just refused is the better evidence, until
+     * the next periodic count. */
+    pthread_mutex_lock(&st->acct_mu);
+    const uint64_t u = st->used > 0 ? (uint64_t)st->used : 0;
+    if (u + full <= st->server_capacity)
+      st->server_capacity = u + full - 1;
+    pthread_mutex_unlock(&st->acct_mu);
+  }
   for (int i = 0; i < n; i++)
     kvt_tier_complete(st->tier, jobs[i].op);
 }

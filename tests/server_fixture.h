@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,23 @@ static inline void srv_kill_all(void) {
 }
 
 static inline int srv_binary_present(void) { return access(SRV_BIN, X_OK) == 0; }
+
+/* The server's counters (its STATS, as --stats prints them). */
+static inline uint64_t srv_stat(const srv_fixture *f, const char *name) {
+  char cmd[512];
+  static char text[16384];
+  snprintf(cmd, sizeof(cmd), "%s --stats 127.0.0.1:%d", SRV_BIN, f->port);
+  FILE *p = popen(cmd, "r");
+  if (!p)
+    return (uint64_t)-1;
+  const size_t n = fread(text, 1, sizeof(text) - 1, p);
+  text[n] = 0;
+  pclose(p);
+  char pat[128];
+  snprintf(pat, sizeof(pat), "\nkvtier_server_%s ", name);
+  const char *at = strstr(text, pat);
+  return at ? strtoull(at + strlen(pat), NULL, 10) : (uint64_t)-1;
+}
 
 /* A test's teardown: kills the servers a failed assertion left running. */
 static inline int srv_kill_leftovers(void **state) {

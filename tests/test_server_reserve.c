@@ -80,27 +80,10 @@ static int open_tier(const srv_fixture *f, int timeout_ms, kvt_tier **t) {
   return kvt_tier_open(ctx, spec, t);
 }
 
-/* The server's counters (its STATS, as --stats prints them). */
-static uint64_t server_stat(const srv_fixture *f, const char *name) {
-  char cmd[512];
-  static char text[16384];
-  snprintf(cmd, sizeof(cmd), "%s --stats 127.0.0.1:%d", SRV_BIN, f->port);
-  FILE *p = popen(cmd, "r");
-  if (!p)
-    return UINT64_MAX;
-  const size_t n = fread(text, 1, sizeof(text) - 1, p);
-  text[n] = 0;
-  pclose(p);
-  char pat[128];
-  snprintf(pat, sizeof(pat), "\nkvtier_server_%s ", name);
-  const char *at = strstr(text, pat);
-  return at ? strtoull(at + strlen(pat), NULL, 10) : UINT64_MAX;
-}
-
 /* Waits up to 5 s for the server's counter to read want; returns its value. */
 static uint64_t wait_stat(const srv_fixture *f, const char *name, uint64_t want) {
-  uint64_t v = server_stat(f, name);
-  for (const int64_t end = ms_now() + 5000; v != want && ms_now() < end; v = server_stat(f, name))
+  uint64_t v = srv_stat(f, name);
+  for (const int64_t end = ms_now() + 5000; v != want && ms_now() < end; v = srv_stat(f, name))
     sleep_ms(50);
   return v;
 }
@@ -298,8 +281,8 @@ static void test_reserved_puts_round_trip_on_a_dram_server(void **state) {
   assert_int_equal(kvt_tier_stats_get(t, &s), 0);
   assert_int_equal(s.items, N_SIZES + 1);
   assert_int_equal(s.used, used); /* the values, and no block left reserved */
-  assert_int_equal(server_stat(&f, "puts_total"), 2 * N_SIZES + 1);
-  assert_int_equal(server_stat(&f, "errors_total"), 0);
+  assert_int_equal(srv_stat(&f, "puts_total"), 2 * N_SIZES + 1);
+  assert_int_equal(srv_stat(&f, "errors_total"), 0);
   free(v);
   kvt_tier_close(t);
   stop_cleanly(&f);
@@ -329,7 +312,7 @@ static void test_reserved_puts_on_dram_nvme_are_durable_and_cached(void **state)
     fill(v, 5000 + i, 500 + i);
     put_checked(t, &k, v, 5000 + i);
   }
-  const uint64_t dram = server_stat(&f, "dram_used_bytes");
+  const uint64_t dram = srv_stat(&f, "dram_used_bytes");
   assert_true(dram > 0 && dram <= 16u << 20); /* the cache tier holds copies */
   for (uint32_t i = 0; i < N; i++) {
     const kvt_key k = key_of(2, i);
@@ -347,7 +330,7 @@ static void test_reserved_puts_on_dram_nvme_are_durable_and_cached(void **state)
     fill(v, len, i % 3 ? i : 500 + i);
     get_equals(t, &k, v, len);
   }
-  assert_int_equal(server_stat(&f, "items"), N);
+  assert_int_equal(srv_stat(&f, "items"), N);
   free(v);
   kvt_tier_close(t);
   stop_cleanly(&f);
@@ -475,10 +458,10 @@ static void test_a_put_whose_client_dies_mid_transfer_leaves_the_old_value(void 
     waitpid(pid, NULL, 0);
     /* Once the server saw the connection go, nothing stays reserved and the
      * key holds the old value or a whole new one. */
-    uint64_t used = server_stat(&f, "used_bytes");
+    uint64_t used = srv_stat(&f, "used_bytes");
     for (const int64_t end = ms_now() + 5000;
          used != held(old_len) && used != held(DIE_LEN) && ms_now() < end;)
-      sleep_ms(50), used = server_stat(&f, "used_bytes");
+      sleep_ms(50), used = srv_stat(&f, "used_bytes");
     uint64_t len = 0;
     uint8_t *got = malloc(DIE_LEN);
     assert_non_null(got);
@@ -488,7 +471,7 @@ static void test_a_put_whose_client_dies_mid_transfer_leaves_the_old_value(void 
       fail_msg("round %d: a value of %llu bytes that was never put", round,
                (unsigned long long)len);
     free(got);
-    assert_int_equal(server_stat(&f, "used_bytes"), held(len));
+    assert_int_equal(srv_stat(&f, "used_bytes"), held(len));
   }
   put_checked(t, &k, old, old_len); /* still serving */
   get_equals(t, &k, old, old_len);
@@ -801,7 +784,7 @@ static void test_replacing_a_value_while_gets_run_never_returns_wrong_bytes(void
     start_or_fail(&f);
     run_writers_and_readers(&f, 1, 1, 2500);
     check_final(&f, i == 0);
-    assert_int_equal(server_stat(&f, "errors_total"), 0);
+    assert_int_equal(srv_stat(&f, "errors_total"), 0);
     stop_cleanly(&f);
   }
   srv_rmdir(dir);
@@ -817,7 +800,7 @@ static void test_concurrent_puts_of_one_key_leave_one_whole_value(void **state) 
   start_or_fail(&f);
   run_writers_and_readers(&f, WRITERS, 4, 3000);
   check_final(&f, 1);
-  assert_int_equal(server_stat(&f, "errors_total"), 0);
+  assert_int_equal(srv_stat(&f, "errors_total"), 0);
   stop_cleanly(&f);
 }
 
@@ -861,7 +844,7 @@ static void test_a_full_dram_tier_with_evict_none_refuses_and_keeps_its_values(v
   assert_int_equal(kvt_tier_stats_get(t, &s), 0);
   assert_int_equal(s.items, n);
   assert_int_equal(s.used, n * held(len));
-  assert_int_equal(server_stat(&f, "evictions_total"), 0);
+  assert_int_equal(srv_stat(&f, "evictions_total"), 0);
   free(v);
   kvt_tier_close(t);
   stop_cleanly(&f);
@@ -934,8 +917,8 @@ static void test_a_full_dram_tier_with_evict_lru_keeps_taking_puts(void **state)
   assert_int_equal(kvt_tier_stats_get(t, &s), 0);
   assert_int_equal(s.items, (uint64_t)sn.n);
   assert_int_equal(s.used, s.items * held(len)); /* nothing reserved is left */
-  assert_int_equal(server_stat(&f, "evictions_total") + s.items, (uint64_t)ROUNDS * QD);
-  assert_int_equal(server_stat(&f, "errors_total"), 0);
+  assert_int_equal(srv_stat(&f, "evictions_total") + s.items, (uint64_t)ROUNDS * QD);
+  assert_int_equal(srv_stat(&f, "errors_total"), 0);
   free(bufs);
   kvt_tier_close(t);
   stop_cleanly(&f);

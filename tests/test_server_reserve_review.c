@@ -218,23 +218,6 @@ static void run_mix(shared *sh, const srv_fixture *f, int ms) {
     fail_msg("%s", sh->wrong);
 }
 
-/* The server's counters (its STATS, as --stats prints them). */
-static uint64_t server_stat(const srv_fixture *f, const char *name) {
-  char cmd[512];
-  static char text[16384];
-  snprintf(cmd, sizeof(cmd), "%s --stats 127.0.0.1:%d", SRV_BIN, f->port);
-  FILE *p = popen(cmd, "r");
-  if (!p)
-    return UINT64_MAX;
-  const size_t n = fread(text, 1, sizeof(text) - 1, p);
-  text[n] = 0;
-  pclose(p);
-  char pat[128];
-  snprintf(pat, sizeof(pat), "\nkvtier_server_%s ", name);
-  const char *at = strstr(text, pat);
-  return at ? strtoull(at + strlen(pat), NULL, 10) : UINT64_MAX;
-}
-
 /* Reads every key: each NOT_FOUND or valid; lens[k] its length (UINT64_MAX:
  * absent), data[k] its bytes. Returns the DRAM bytes those values hold. */
 static uint64_t snapshot(shared *sh, const srv_fixture *f, uint64_t lens[NK], uint8_t *data) {
@@ -279,9 +262,9 @@ static void test_many_keys_with_evict_lru_on_one_dram_tier(void **state) {
   assert_non_null(data);
   const uint64_t sum = snapshot(&sh, &f, lens, data);
   /* One tier: its `used` is the server's capacity use; nothing reserved is left. */
-  assert_int_equal(server_stat(&f, "used_bytes"), sum);
-  assert_int_equal(server_stat(&f, "errors_total"), 0);
-  const uint64_t ev = server_stat(&f, "evictions_total");
+  assert_int_equal(srv_stat(&f, "used_bytes"), sum);
+  assert_int_equal(srv_stat(&f, "errors_total"), 0);
+  const uint64_t ev = srv_stat(&f, "evictions_total");
   print_message("%llu values dropped for room\n", (unsigned long long)ev);
   assert_true(ev > 0 && ev != UINT64_MAX); /* the mix did overlap evictions */
   free(data);
@@ -305,7 +288,7 @@ static void test_many_keys_with_evict_lru_on_dram_and_nvme_survive_a_restart(voi
   uint8_t *data = malloc((size_t)NK * V_MAX), *data2 = malloc((size_t)NK * V_MAX);
   assert_true(data && data2);
   (void)snapshot(&sh, &f, lens, data);
-  assert_int_equal(server_stat(&f, "errors_total"), 0);
+  assert_int_equal(srv_stat(&f, "errors_total"), 0);
   int st = srv_stop(&f, SIGTERM, 25);
   assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
   if (srv_start(&f) != 0)

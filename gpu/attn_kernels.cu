@@ -455,18 +455,23 @@ __global__ void __launch_bounds__(NWARPS * 32,
   constexpr int OBYTES = NWARPS * 8 * D * 4;
   /* INT4: its stages, and after the loop sh_o and the zero-point sums */
   constexpr int ZBYTES = FMT == KVT_ATTN_INT4 ? NWARPS * 8 * 8 * 4 : 0;
-  constexpr int IBUF = FMT == KVT_ATTN_INT4 ? i4<D>::BUF : 0;
+  constexpr int IBUF = FMT == KVT_ATTN_INT4 ? i4_buf<D> : 0;
   constexpr int BUF =
       IBUF > OBYTES + ZBYTES ? IBUF : OBYTES + ZBYTES;
   __shared__ __align__(16) uint8_t sh_buf[BUF];
   float(*sh_o)[8][D] = reinterpret_cast<float(*)[8][D]>(sh_buf);
 
   const uint32_t b = blockIdx.z;
-  const uint32_t kvh = blockIdx.y / p.head_chunks,
-                 chunk = blockIdx.y % p.head_chunks;
   const uint32_t split = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
+  /* the CTA serves kv heads kvh0 .. kvh0 + kv_group - 1 (one but for INT4),
+   * wph warps each; this warp is warp ww of head kvh */
+  const int wph = NWARPS / (int)p.kv_group;
+  const int ww = warp % wph;
+  const uint32_t kvh0 = blockIdx.y / p.head_chunks * p.kv_group,
+                 chunk = blockIdx.y % p.head_chunks;
+  const uint32_t kvh = kvh0 + (uint32_t)(warp / wph);
   const uint32_t qh0 = kvh * p.gqa + chunk * 8;
   const int nheads = (int)min(8u, p.gqa - chunk * 8);
 
@@ -494,34 +499,14 @@ __global__ void __launch_bounds__(NWARPS * 32,
                          (uint64_t)b * p.max_blocks;
 
   if constexpr (FMT == KVT_ATTN_INT4) {
-    /* warp w takes tiles w, w + NWARPS, ...: tile k at cs + (w + NWARPS k) *
-     * TILE, through NS stages */
-    constexpr int NS = i4<D>::NS, SB = i4<D>::SB;
-    uint8_t *wbuf = sh_buf + warp * NS * SB;
-    const int32_t first = cs + warp * TILE;
-    const int nt =
-        first < ce ? (ce - first + NWARPS * TILE - 1) / (NWARPS * TILE) : 0;
-    i4_cursor cur;
-    cur.init(first, (int32_t)p.block_size);
-#pragma unroll
-    for (int k = 0; k < NS - 1; k++) {
-      if (k < nt)
-        i4_issue<D>(p, table, kvh, cur, lane, wbuf + k * SB);
-      cp_commit();
-    }
-    for (int k = 0; k < nt; k++) {
-      const int kn = k + NS - 1;
-      if (kn < nt)
-        i4_issue<D>(p, table, kvh, cur, lane, wbuf + (kn % NS) * SB);
-      cp_commit();
-      cp_wait<NS - 1>();
-      __syncwarp(); /* every lane's copies of tile k have landed */
-      const int last = min(TILE - 1, ce - 1 - (first + k * NWARPS * TILE));
-      i4_tile<D>(wbuf + (k % NS) * SB, last, p.scale_log2, g, t, qb, qz0, qz1,
-                 o, za, m0, m1, l0, l1);
-      __syncwarp(); /* all reads of the stage done before it is refilled */
-    }
-    cp_wait<0>();
+    if (p.kv_group == 2)
+      i4_loop<D, 2>(p, table, kvh0, warp / wph, cs, ce, ww, wph, lane,
+                    sh_buf + ww * i4<D, 2>::NS * i4<D, 2>::SB, qb, qz0, qz1,
+                    o, za, m0, m1, l0, l1);
+    else
+      i4_loop<D, 1>(p, table, kvh, 0, cs, ce, ww, wph, lane,
+                    sh_buf + warp * i4<D, 1>::NS * i4<D, 1>::SB, qb, qz0,
+                    qz1, o, za, m0, m1, l0, l1);
   } else {
     /* warp w takes groups of U consecutive tiles: w, w + NWARPS, ... */
     for (int32_t gs = cs + warp * U * TILE; gs < ce; gs += NWARPS * U * TILE) {
@@ -566,10 +551,11 @@ __global__ void __launch_bounds__(NWARPS * 32,
 #pragma unroll
     for (int j = 0; j < G::NT; j++) {
       const int d0 = i4_dim(j, g), d1 = i4_dim(j, g + 8);
-      sh_o[warp][2 * t][d0] = o[j][0] * 16777216.0f; /* codes: 2^-24 n */
-      sh_o[warp][2 * t + 1][d0] = o[j][1] * 16777216.0f;
-      sh_o[warp][2 * t][d1] = o[j][2] * 16777216.0f;
-      sh_o[warp][2 * t + 1][d1] = o[j][3] * 16777216.0f;
+      const float e0 = i4_out_scale(g), e1 = i4_out_scale(g + 8);
+      sh_o[warp][2 * t][d0] = o[j][0] * e0;
+      sh_o[warp][2 * t + 1][d0] = o[j][1] * e0;
+      sh_o[warp][2 * t][d1] = o[j][2] * e1;
+      sh_o[warp][2 * t + 1][d1] = o[j][3] * e1;
     }
     if (g < D / 32) {
       sh_z[warp][g][2 * t] = za[0];
@@ -588,15 +574,16 @@ __global__ void __launch_bounds__(NWARPS * 32,
   }
   __syncthreads();
 
-  for (int idx = threadIdx.x; idx < nheads * D; idx += NWARPS * 32) {
-    const int h = idx / D, d = idx % D;
+  /* each kv head's wph warps combined */
+  for (int idx = threadIdx.x; idx < (int)p.kv_group * nheads * D;
+       idx += NWARPS * 32) {
+    const int hg = idx / (nheads * D), h = idx / D % nheads, d = idx % D;
+    const int w0 = hg * wph;
     float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < NWARPS; w++)
+    for (int w = w0; w < w0 + wph; w++)
       mx = fmaxf(mx, sh_m[w][h]);
     float L = 0.0f, acc = 0.0f;
-#pragma unroll
-    for (int w = 0; w < NWARPS; w++) {
+    for (int w = w0; w < w0 + wph; w++) {
       const float e = sh_m[w][h] == -INFINITY ? 0.0f : exp2f(sh_m[w][h] - mx);
       L += sh_l[w][h] * e;
       float ow = sh_o[w][h][d];
@@ -605,7 +592,8 @@ __global__ void __launch_bounds__(NWARPS * 32,
       acc += ow * e;
     }
     const float val = L > 0.0f ? acc / L : 0.0f;
-    const uint64_t qrow = (uint64_t)b * p.q_heads + qh0 + h;
+    const uint64_t qrow =
+        (uint64_t)b * p.q_heads + (kvh0 + hg) * p.gqa + chunk * 8 + h;
     if (p.splits == 1) {
       reinterpret_cast<uint16_t *>(p.out)[qrow * D + d] = f_to_h16<DT>(val);
     } else {
@@ -641,7 +629,8 @@ template <int DT> __global__ void combine_kernel(const kvt_attn_kparams p) {
 
 template <int FMT, int DT, int D>
 int launch_decode_d(const kvt_attn_kparams *p, cudaStream_t st) {
-  const dim3 grid(p->splits, p->kv_heads * p->head_chunks, p->batch);
+  const dim3 grid(p->splits, p->kv_heads / p->kv_group * p->head_chunks,
+                  p->batch);
   decode_kernel<FMT, DT, D><<<grid, NWARPS * 32, 0, st>>>(*p);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || p->splits == 1)

@@ -38,7 +38,8 @@ typedef struct kvt_attn_kparams {
   uint32_t block_size, max_blocks, splits;
   int32_t format, dtype;
   float scale_log2; /* softmax_scale * log2(e) */
-  uint32_t reserved[2];
+  uint32_t kv_group; /* kv heads one CTA serves: 1, or 2 (INT4, even kv_heads) */
+  uint32_t reserved;
 } kvt_attn_kparams;
 KVT_ATTN_STATIC_ASSERT(sizeof(kvt_attn_kparams) == 136,
                        "kvt_attn_kparams layout");

@@ -300,7 +300,10 @@ static int bench_shape(abench *a, const ashape *s, double copy_bw) {
     p.seq_lens = dlens;
     p.out = dout;
     size_t ws = 0;
+    uint32_t splits = 0;
     int e = kvt_attn_workspace_size(a->ctx, &d.cache, &p, &ws);
+    if (!e)
+      e = kvt_attn_decode_splits(a->ctx, &d.cache, &p, &splits);
     if (e) {
       rc = kv_fail(a, "kvt_attn_workspace_size", e);
       cache_free(&d.cache);
@@ -329,8 +332,6 @@ static int bench_shape(abench *a, const ashape *s, double copy_bw) {
                                   kvt_attn_scale_bytes(f, HDIM, 1));
     if (f == 0)
       t_raw = sec;
-    const uint32_t splits =
-        kvt_attn_num_splits((uint64_t)s->batch * HKV, s->ctx, a->sms);
     printf("%4u x %6u  %-6s %6u %10.1f %8.3f %10.1f %8.2f %7.2f\n", s->batch,
            s->ctx, fmt_names[f], splits, sec * 1e6, bytes / 1e9,
            bytes / sec / 1e9, bytes / sec / copy_bw, t_raw / sec);

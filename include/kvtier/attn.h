@@ -133,7 +133,9 @@ typedef struct kvt_attn_decode_params {
   }
 
 /* The number of context splits for `ctas` CTAs per split (batch * kv_heads
- * * ceil(gqa / 8)) on a device of sm_count multiprocessors and contexts up
+ * * ceil(gqa / 8), halved for INT4 caches of an even kv_heads: one CTA
+ * serves two kv heads there) on a device of sm_count multiprocessors and
+ * contexts up
  * to max_seq_len tokens: as many as fill about one wave of resident CTAs
  * (4 per multiprocessor), at least 256 tokens each, at most
  * KVT_ATTN_MAX_SPLITS. Pure arithmetic, both builds. */
@@ -149,6 +151,13 @@ KVT_API uint32_t kvt_attn_num_splits(uint64_t ctas, uint32_t max_seq_len,
 KVT_API int kvt_attn_workspace_size(kvt_ctx *ctx, const kvt_attn_cache *cache,
                                     const kvt_attn_decode_params *p,
                                     size_t *bytes);
+
+/* The number of context splits a decode with these parameters runs:
+ * p->num_splits, or the split choice as kvt_attn_workspace_size makes it.
+ * Returns as kvt_attn_workspace_size. */
+KVT_API int kvt_attn_decode_splits(kvt_ctx *ctx, const kvt_attn_cache *cache,
+                                   const kvt_attn_decode_params *p,
+                                   uint32_t *splits);
 
 /* Decode attention: out[b][h] = softmax(scale * q[b][h] . K_b^T) V_b over
  * the first seq_lens[b] tokens of sequence b (token t in page

@@ -21,8 +21,7 @@
  *   tile over. Otherwise (kv_group 1) every warp has stages of its own.
  * - Code rows are padded to a stride of 16 x odd bytes, so the reads back
  *   are free of bank conflicts and every address is a per-lane base plus a
- *   constant. The block-table entry of the next tile is loaded one tile
- *   ahead of its copy.
+ *   constant. Pages come from page_stream, 32 tiles ahead.
  * - Only a warp's last tile can be partial: full tiles run a copy of the
  *   tile code without masks.
  * - MMA tiles are group-pure: every 16 values of the reduction (keys) or of
@@ -79,27 +78,26 @@ template <int D>
 constexpr int i4_buf = i4<D, 1>::BUF > i4<D, 2>::BUF ? i4<D, 1>::BUF
                                                      : i4<D, 2>::BUF;
 
-/* A warp's walk over its tiles (every wph-th): the block-table index and
- * offset of the next tile to copy, advanced without a division, and its
- * page, loaded one tile ahead of its use. Indices past the sequence's last
- * block read that block's entry instead (the copy is never issued). */
+/* A warp's walk over its tiles (every wph-th): the offset in its block of
+ * the next tile to copy, advanced without a division, and the pages. */
 struct i4_cursor {
-  int32_t idx, off, step_idx, step_off, bs, last_idx;
-  uint32_t page;
+  int32_t off, step_off, bs;
+  int m; /* the next tile to copy, of the warp's */
+  page_stream<1> pages;
   __device__ __forceinline__ void init(const int32_t *table, int32_t first,
                                        int32_t ce, int32_t block_size,
-                                       int wph) {
+                                       int wph, int lane) {
     bs = block_size;
-    idx = first / bs, off = first % bs;
-    step_idx = (wph * TILE) / bs, step_off = (wph * TILE) % bs;
-    last_idx = ce > 0 ? (ce - 1) / bs : 0;
-    page = (uint32_t)__ldg(table + min(idx, last_idx));
+    off = first % bs;
+    step_off = (wph * TILE) % bs;
+    m = 0;
+    pages.init(table, first, wph * TILE, ce, block_size, lane);
   }
-  __device__ __forceinline__ void next(const int32_t *table) {
-    idx += step_idx, off += step_off;
+  __device__ __forceinline__ void next() {
+    m++;
+    off += step_off;
     if (off >= bs)
-      off -= bs, idx++;
-    page = (uint32_t)__ldg(table + min(idx, last_idx));
+      off -= bs;
   }
 };
 
@@ -115,7 +113,7 @@ __device__ __forceinline__ void i4_issue(const kvt_attn_kparams &p,
                                          uint8_t *st) {
   using I = i4<D, KG>;
   constexpr int RCH = I::RW / 16, SCH = I::SCB / 16; /* per row, per head */
-  const uint32_t page = cur.page;
+  const uint32_t page = cur.pages.page(cur.m, lane);
   const uint64_t row0 =
       ((uint64_t)page * (uint32_t)cur.bs + (uint32_t)cur.off) * p.kv_heads +
       kvh;
@@ -123,7 +121,7 @@ __device__ __forceinline__ void i4_issue(const kvt_attn_kparams &p,
       ((uint64_t)page * p.kv_heads + kvh) * (uint32_t)cur.bs + (uint32_t)cur.off;
   const uint32_t bs = (uint32_t)cur.bs;
   if constexpr (ADV)
-    cur.next(table);
+    cur.next();
   const uint8_t *kb = reinterpret_cast<const uint8_t *>(p.k) + row0 * I::RB;
   const uint8_t *vb = reinterpret_cast<const uint8_t *>(p.v) + row0 * I::RB;
   const uint8_t *ks =
@@ -386,7 +384,7 @@ i4_loop(const kvt_attn_kparams &p, const int32_t *table, uint32_t kvh, int hw,
   if (nt == 0)
     return;
   i4_cursor cur;
-  cur.init(table, first, ce, (int32_t)p.block_size, wph);
+  cur.init(table, first, ce, (int32_t)p.block_size, wph, lane);
   /* KG 1: the warp copies whole stages; KG 2: head 0's warp the K half,
    * head 1's the V half */
   auto issue = [&](uint8_t *st) {

@@ -69,12 +69,31 @@ template <int FMT> struct fmt_traits {
 
 template <int N> struct words { uint32_t w[N]; };
 
+/* KVT_ATTN_L2_HINT 128 or 256: K/V loads ask L2 to fetch that many bytes
+ * around each miss (ld / cp.async .L2::NB), 0: no hint. The fp8 and 16-bit
+ * loads take half a line per instruction (4 lanes x 16 bytes of a row);
+ * with 128 raw, K16/V8 and FP8 decode ran 1.5% faster on an H100 (INT4, which
+ * copies whole lines, the same), 256 was no better. */
+#ifndef KVT_ATTN_L2_HINT
+#define KVT_ATTN_L2_HINT 128
+#endif
+
 /* N bytes (4, 8 or 16) at an N-aligned address into N/4 words. */
 template <int N>
 __device__ __forceinline__ void ld_unit(const uint8_t *p, uint32_t *w) {
   if constexpr (N == 16) {
+#if KVT_ATTN_L2_HINT == 128
+    asm("ld.global.nc.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+        : "l"(p));
+#elif KVT_ATTN_L2_HINT == 256
+    asm("ld.global.nc.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+        : "l"(p));
+#else
     const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p));
     w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+#endif
   } else if constexpr (N == 8) {
     const uint2 u = __ldg(reinterpret_cast<const uint2 *>(p));
     w[0] = u.x, w[1] = u.y;
@@ -415,9 +434,19 @@ template <int N>
 __device__ __forceinline__ void cp_async(void *smem, const void *gmem) {
   const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
   if constexpr (N == 16)
+#if KVT_ATTN_L2_HINT == 128
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(s),
+                 "l"(gmem)
+                 : "memory");
+#elif KVT_ATTN_L2_HINT == 256
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s),
+                 "l"(gmem)
+                 : "memory");
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s),
                  "l"(gmem)
                  : "memory");
+#endif
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s),
                  "l"(gmem), "n"(N)
@@ -442,6 +471,43 @@ __device__ __forceinline__ tile_addr tile_at(const kvt_attn_kparams &p,
   ta.last = min(TILE - 1, ce - 1 - ts);
   return ta;
 }
+
+/* The pages of a warp's tiles, read from the block table 32 tiles at a
+ * time (lane l: the page of tile base + l) and 32 tiles ahead of their use.
+ * Tile m of the warp is at token t0 + (m / U) gstride + (m % U) TILE.
+ * Reading each tile's entry just before its loads put a dependent global
+ * read in front of every tile: ncu showed warps waiting on it more than on
+ * the cache itself, even with the entry loaded a tile ahead. Entries past
+ * the sequence's last block read that block's instead (never used). */
+template <int U> struct page_stream {
+  const int32_t *table;
+  int32_t t0, gstride, bs, last_idx;
+  int base;
+  uint32_t cur, nxt;
+  __device__ __forceinline__ uint32_t load(int m0, int lane) const {
+    const int m = m0 + lane;
+    const int32_t tok = t0 + m / U * gstride + m % U * TILE;
+    return (uint32_t)__ldg(table + min(tok / bs, last_idx));
+  }
+  __device__ __forceinline__ void init(const int32_t *tab, int32_t first,
+                                       int32_t group_stride, int32_t ce,
+                                       int32_t block_size, int lane) {
+    table = tab, t0 = first, gstride = group_stride, bs = block_size;
+    last_idx = ce > 0 ? (ce - 1) / bs : 0;
+    base = 0;
+    cur = load(0, lane);
+    nxt = load(32, lane);
+  }
+  /* The page of tile m; m never decreases and is the same in every lane. */
+  __device__ __forceinline__ uint32_t page(int m, int lane) {
+    if (m >= base + 32) {
+      base += 32;
+      cur = nxt;
+      nxt = load(base + 32, lane);
+    }
+    return (uint32_t)__shfl_sync(0xffffffffu, cur, m - base);
+  }
+};
 
 #include "attn_int4.cuh" /* the INT4 path (see there) */
 
@@ -509,15 +575,21 @@ __global__ void __launch_bounds__(NWARPS * 32,
                     qz1, o, za, m0, m1, l0, l1);
   } else {
     /* warp w takes groups of U consecutive tiles: w, w + NWARPS, ... */
-    for (int32_t gs = cs + warp * U * TILE; gs < ce; gs += NWARPS * U * TILE) {
+    page_stream<U> pages;
+    const int32_t gfirst = cs + warp * U * TILE;
+    if (gfirst < ce)
+      pages.init(table, gfirst, NWARPS * U * TILE, ce, (int32_t)p.block_size,
+                 lane);
+    int m = 0; /* the warp's tile */
+    for (int32_t gs = gfirst; gs < ce; gs += NWARPS * U * TILE, m += U) {
       tile_addr ta[U];
       tile_regs<FMT, DT, D> r[U];
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int32_t ts = gs + u * TILE;
+        /* every lane takes part in the shuffle, whatever ts */
+        const uint32_t page = pages.page(m + u, lane);
         if (ts < ce) {
-          const uint32_t page =
-              (uint32_t)__ldg(table + ts / (int32_t)p.block_size);
           const uint32_t off0 = (uint32_t)ts % p.block_size;
           ta[u].row0 =
               ((uint64_t)page * p.block_size + off0) * p.kv_heads + kvh;

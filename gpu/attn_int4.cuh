@@ -6,8 +6,9 @@
 #define KVT_ATTN_INT4_CUH
 
 /* ---- INT4 ----
- * An int4 tile is small (16 tokens x 2 x (D/2 + 2 D/32) bytes), and its
- * arithmetic, not its bytes, bounds the kernel. So INT4 has its own path:
+ * An int4 tile is small (16 tokens x 2 x (D/2 + 2 D/32) bytes) and its
+ * arithmetic per byte is the highest of the formats, so INT4 has its own
+ * path (measured limits: docs/ATTENTION.md):
  *
  * - Tiles stream through NS stages of shared memory with cp.async, in the
  *   cache's own order (16-byte chunks); the lanes share the copies and read
@@ -30,8 +31,10 @@
  * - Codes enter the MMA as they are: nibble n in the low bits of an fp16
  *   with a zero exponent is the subnormal n * 2^-24, exact, and tensor cores
  *   take subnormals (tests/test_gpu_attn.c checks against the CPU codec).
- *   A shift and an AND make 2 codes an operand: no per-element convert,
- *   subtract or fma.
+ *   An AND makes 2 codes an operand, no per-element convert, subtract or
+ *   fma: the even code of each byte as n, the odd one in place as 16 n (the
+ *   16 is undone in q for keys, see i4_load_q, and at the end for values,
+ *   see i4_out_scale), and a shift by 8 gives the next two.
  * - Keys: S = sum over groups G of s_G * (2^-24 sum_d n_d q_d) * 2^24 +
  *   sum_G z_G Q_G, where Q_G is the sum of q over group G. The first part is
  *   one fp32 fma per group and accumulator, the second one more MMA per tile
@@ -45,13 +48,6 @@
  * Row r of a stage: K codes at KO + r S (head h of the stage at + h RB), V
  * codes at VO + r S, K and V (scale, zero) words at KSO / VSO + h 16 (4 NG)
  * + r 4 NG. */
-/* With KVT_I4_HI16 the odd code of each byte enters the MMA in place, as
- * 16 n: one shift fewer per operand pair. The 16 is undone in q for keys
- * (i4_load_q) and at the end for values (rows 8-15 of every m tile, see
- * i4_out_scale). */
-#ifndef KVT_I4_HI16
-#define KVT_I4_HI16 1
-#endif
 
 /* The stages of KG kv heads (1 or 2) for head dim D. */
 template <int D, int KG> struct i4 {
@@ -178,13 +174,13 @@ __device__ __forceinline__ void i4_load_q(const kvt_attn_kparams &p, uint32_t b,
   const bool ok = g < nheads;
   const uint16_t *row = q + ((uint64_t)b * p.q_heads + qh0 + (ok ? g : 0)) * D;
   /* q[d] as the MMA sees it (fp16), and over 16 where it meets codes that
-   * enter as 16 n (KVT_I4_HI16) */
+   * enter as 16 n (odd dims) */
   auto qh = [&](uint32_t w, int hi) {
     return __float2half_rn(h16_to_f<DT>((uint16_t)(w >> (16 * hi))));
   };
-  constexpr float HS = KVT_I4_HI16 ? 0.0625f : 1.0f;
   auto qh16 = [&](uint32_t w, int hi) {
-    return __float2half_rn(h16_to_f<DT>((uint16_t)(w >> (16 * hi))) * HS);
+    return __float2half_rn(h16_to_f<DT>((uint16_t)(w >> (16 * hi))) *
+                           0.0625f);
   };
 #pragma unroll
   for (int G = 0; G < NG; G++) {
@@ -263,18 +259,11 @@ i4_tile(const uint8_t *st, int hw, int last, float sl, int g, int t,
     const uint32_t w1 =
         *reinterpret_cast<const uint32_t *>(kr + 8 * I::S + 16 * G);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#if KVT_I4_HI16
     const uint32_t u0 = w0 >> 8, u1 = w1 >> 8;
     mma16816<false>(acc, w0 & M, w1 & M, w0 & (M << 4), w1 & (M << 4),
                     qb[2 * G][0], qb[2 * G][1]);
     mma16816<false>(acc, u0 & M, u1 & M, u0 & (M << 4), u1 & (M << 4),
                     qb[2 * G + 1][0], qb[2 * G + 1][1]);
-#else
-    mma16816<false>(acc, w0 & M, w1 & M, (w0 >> 4) & M, (w1 >> 4) & M,
-                    qb[2 * G][0], qb[2 * G][1]);
-    mma16816<false>(acc, (w0 >> 8) & M, (w1 >> 8) & M, (w0 >> 12) & M,
-                    (w1 >> 12) & M, qb[2 * G + 1][0], qb[2 * G + 1][1]);
-#endif
     const float s0 = __half2float(__ushort_as_half((uint16_t)ks0[G]));
     const float s1 = __half2float(__ushort_as_half((uint16_t)ks1[G]));
     cs[0] = fmaf(s0, acc[0], cs[0]);
@@ -333,25 +322,18 @@ i4_tile(const uint8_t *st, int hw, int last, float sl, int g, int t,
       h[i] = *reinterpret_cast<const uint16_t *>(vr + ((i & 1) + 8 * (i >> 1)) * I::S + 16 * G);
     const uint32_t x01 = __byte_perm(h[0], h[1], 0x5410);
     const uint32_t x89 = __byte_perm(h[2], h[3], 0x5410);
-#if KVT_I4_HI16
     const uint32_t y01 = x01 >> 8, y89 = x89 >> 8;
     mma16816<false>(o[2 * G], x01 & M, x01 & (M << 4), x89 & M,
                     x89 & (M << 4), b0, b1);
     mma16816<false>(o[2 * G + 1], y01 & M, y01 & (M << 4), y89 & M,
                     y89 & (M << 4), b0, b1);
-#else
-    mma16816<false>(o[2 * G], x01 & M, (x01 >> 4) & M, x89 & M,
-                    (x89 >> 4) & M, b0, b1);
-    mma16816<false>(o[2 * G + 1], (x01 >> 8) & M, (x01 >> 12) & M,
-                    (x89 >> 8) & M, (x89 >> 12) & M, b0, b1);
-#endif
   }
 }
 
 /* What turns o into output units: 2^24 (codes are n 2^-24), over 16 for
- * rows 8-15 of an m tile when their codes entered as 16 n. */
+ * rows 8-15 of an m tile (odd dims: their codes entered as 16 n). */
 __device__ __forceinline__ float i4_out_scale(int row) {
-  return (KVT_I4_HI16 && row >= 8) ? 1048576.0f : 16777216.0f;
+  return row >= 8 ? 1048576.0f : 16777216.0f;
 }
 
 /* Named barrier 1 + pair of the 64 threads of a pair of warps (constant

@@ -498,11 +498,14 @@ static void test_gpu_attn_edge_cases_lengths_gqa_and_splits(void **state) {
     e = run_case(f, dt, 256, 128, 4, 2, one, 1, 0, 7104);
     check_errs("single token", f, dt, &e);
     /* INT4 CTAs serve pairs of kv heads where kv_heads is even: an odd
-     * count (one head per CTA) and three pairs per sequence */
+     * count (one head per CTA), three pairs per sequence (dims 256 and 64,
+     * GQA 2 and 3) */
     e = run_case(f, dt, 128, 16, 3, 4, mixed, 4, 0, 7105);
     check_errs("3 kv heads", f, dt, &e);
     e = run_case(f, dt, 256, 32, 6, 2, mixed, 4, 0, 7106);
     check_errs("6 kv heads", f, dt, &e);
+    e = run_case(f, dt, 64, 16, 6, 3, mixed, 4, 0, 7107);
+    check_errs("6 kv heads, GQA 3", f, dt, &e);
   }
 }
 

@@ -114,6 +114,38 @@ test_attn_workspace_counts_fp32_partials_of_every_split(void **state) {
   assert_int_equal(kvt_attn_workspace_size(ctx, &c, &p, NULL), -EINVAL);
 }
 
+/* INT4 CTAs serve pairs of kv heads where kv_heads is even, so their split
+ * count is that of half the CTAs; the workspace follows the splits. */
+static void test_attn_decode_splits_count_int4_head_pairs(void **state) {
+  (void)state;
+  kvt_attn_decode_params p = params_of(8);
+  p.max_blocks = 2048;
+  p.max_seq_len = 32768;
+  uint32_t s = 0;
+  size_t n = 0;
+  kvt_attn_cache c = cache_of(KVT_ATTN_K16V8);
+  assert_int_equal(kvt_attn_decode_splits(ctx, &c, &p, &s), 0);
+  assert_int_equal(s, kvt_attn_num_splits(8 * 8, 32768, 132)); /* 8 */
+  c = cache_of(KVT_ATTN_INT4);
+  assert_int_equal(kvt_attn_decode_splits(ctx, &c, &p, &s), 0);
+  assert_int_equal(s, kvt_attn_num_splits(8 * 4, 32768, 132)); /* 16 */
+  assert_int_equal(s, 16);
+  assert_int_equal(kvt_attn_workspace_size(ctx, &c, &p, &n), 0);
+  assert_int_equal(n, (size_t)8 * 32 * 16 * 130 * 4);
+  c.kv_heads = 1; /* odd: one head per CTA */
+  p.q_heads = 4;
+  assert_int_equal(kvt_attn_decode_splits(ctx, &c, &p, &s), 0);
+  assert_int_equal(s, kvt_attn_num_splits(8 * 1, 32768, 132));
+  p.num_splits = 5; /* the caller's choice wins */
+  assert_int_equal(kvt_attn_decode_splits(ctx, &c, &p, &s), 0);
+  assert_int_equal(s, 5);
+  p.num_splits = KVT_ATTN_MAX_SPLITS + 1;
+  assert_int_equal(kvt_attn_decode_splits(ctx, &c, &p, &s), KVT_ESHAPE);
+  assert_int_equal(kvt_attn_decode_splits(ctx, NULL, &p, &s), -EINVAL);
+  assert_int_equal(kvt_attn_decode_splits(ctx, &c, NULL, &s), -EINVAL);
+  assert_int_equal(kvt_attn_decode_splits(ctx, &c, &p, NULL), -EINVAL);
+}
+
 /* Each bad field alone gives its error, for workspace and decode alike. */
 static void expect_decode(const kvt_attn_cache *c,
                           const kvt_attn_decode_params *p, int want) {
@@ -242,6 +274,7 @@ int main(void) {
       cmocka_unit_test(test_attn_row_and_scale_bytes_follow_the_formats),
       cmocka_unit_test(test_attn_splits_fill_one_wave_and_respect_limits),
       cmocka_unit_test(test_attn_workspace_counts_fp32_partials_of_every_split),
+      cmocka_unit_test(test_attn_decode_splits_count_int4_head_pairs),
       cmocka_unit_test(test_attn_decode_rejects_bad_shapes_before_launch),
       cmocka_unit_test(test_attn_append_checks_arguments_first),
   };

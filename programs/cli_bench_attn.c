@@ -14,7 +14,7 @@ int cli_bench_attn_main(int argc, char **argv);
 
 static const char attn_help[] =
     "Usage: kvtier bench attn [--iters N] [--dtype bf16|fp16] [--block-size B] "
-    "[--quick]\n"
+    "[--quick | --shape BxT]\n"
     "\n"
     "On the first CUDA device, one layer of Llama-3.1-8B attention (32 query "
     "heads,\n"
@@ -43,7 +43,10 @@ static const char attn_help[] =
     "warm-ups\n"
     "  --dtype T        bf16 or fp16 (bf16)\n"
     "  --block-size B   tokens per page: 16, 32, 64, 128 or 256 (16)\n"
-    "  --quick          only 32 x 8K and 8 x 32K\n";
+    "  --quick          only 32 x 8K and 8 x 32K\n"
+    "  --shape BxT      only batch B x context T (T a multiple of the block "
+    "size,\n"
+    "                   B x T at most 4M tokens), e.g. 8x65536\n";
 
 #ifndef KVT_HAVE_CUDA
 
@@ -357,12 +360,14 @@ static int copy_bandwidth(abench *a, double *bw) {
 int cli_bench_attn_main(int argc, char **argv) {
   uint32_t iters = 20, bs = 16;
   const char *dtype_s = "bf16";
+  const char *shape_s = NULL;
   int quick = 0;
   const cli_opt opts[] = {
       {"--iters", NULL, CLI_U32, &iters, 1, MAX_ITERS},
       {"--dtype", NULL, CLI_STR, &dtype_s, 0, 0},
       {"--block-size", NULL, CLI_U32, &bs, 16, 256},
       {"--quick", NULL, CLI_FLAG, &quick, 0, 0},
+      {"--shape", NULL, CLI_STR, &shape_s, 0, 0},
   };
   size_t npos = 0;
   int rc = cli_parse("bench attn", argc, argv, opts,
@@ -383,6 +388,20 @@ int cli_bench_attn_main(int argc, char **argv) {
   if (bs & (bs - 1))
     return cli_usage_error("bench attn",
                            "--block-size: 16, 32, 64, 128 or 256");
+  ashape one = {0, 0};
+  if (shape_s) {
+    char tail = 0;
+    if (quick)
+      return cli_usage_error("bench attn", "--shape and --quick together");
+    if (sscanf(shape_s, "%ux%u%c", &one.batch, &one.ctx, &tail) != 2 ||
+        one.batch == 0 || one.ctx == 0 || one.ctx % bs ||
+        (uint64_t)one.batch * one.ctx > ((uint64_t)4 << 20))
+      return cli_usage_error(
+          "bench attn",
+          "--shape: expected BxT with T a multiple of the block size (%u) "
+          "and B x T at most 4M tokens, got '%s'",
+          bs, shape_s);
+  }
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     cli_error("bench attn: no CUDA device");
@@ -413,9 +432,10 @@ int cli_bench_attn_main(int argc, char **argv) {
            HQ, HKV, HDIM, dtype_s, bs, iters);
     printf("   B x      T  format splits         us    KV GB  read GB/s  vs "
            "copy  vs raw\n");
-    const size_t n = quick ? 2 : sizeof(shapes) / sizeof(shapes[0]);
+    const size_t n =
+        shape_s ? 1 : quick ? 2 : sizeof(shapes) / sizeof(shapes[0]);
     for (size_t i = 0; i < n && !rc; i++)
-      rc = bench_shape(&a, &shapes[i], copy_bw);
+      rc = bench_shape(&a, shape_s ? &one : &shapes[i], copy_bw);
   }
   cudaFree(a.flush);
   for (int i = 0; i < FILL_SOURCES; i++)

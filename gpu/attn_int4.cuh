@@ -164,9 +164,13 @@ __device__ __forceinline__ void i4_words(const uint8_t *a,
 }
 
 /* Q as the B operand of the group-pure key tiles (k tile 2G + e holds dims
- * 32 G + 8 t + {e, e + 4} at columns 2t, 2t+1 and {e + 1, e + 5} at 2t + 8,
+ * 32 G + 8 t + {2e, 2e + 4} at k 2t, 2t+1 and {2e + 1, 2e + 5} at k 2t + 8,
  * 2t + 9, see i4_tile), and the B operand of the zero-point MMA: sums of q
- * over groups 2t and 2t + 1 for head g, fp16 hi in qz0 and lo in qz1. */
+ * over groups 2t and 2t + 1 for head g, fp16 hi in qz0 and lo in qz1.
+ * Limits: odd dims hold q / 16, subnormal in fp16 below |q| of about 2^-10
+ * (a relative error of about 0.5% at |q| = 1e-4); a group sum of q above
+ * 65504 overflows fp16 (NaN scores). Neither arises for q of ordinary
+ * magnitude, and neither is tested. */
 template <int DT, int D>
 __device__ __forceinline__ void i4_load_q(const kvt_attn_kparams &p, uint32_t b,
                                           uint32_t qh0, int nheads, int g,

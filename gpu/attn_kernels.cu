@@ -6,7 +6,9 @@
  * head (GQA) over one contiguous slice of the context. Each warp walks its
  * own 16-token tiles of the slice (tiles w, w+4, ...) with its own online
  * softmax state, and the 4 warps are combined through shared memory at the
- * end, so the tile loop has no CTA barrier.
+ * end, so the tile loop has no CTA barrier. INT4 CTAs serve a pair of kv
+ * heads where kv_heads is even (kv_group 2: two warps per head, tiles w,
+ * w+2, ..., and a barrier per pair of warps; see gpu/attn_int4.cuh).
  *
  * Per tile, with mma.m16n8k16 (fp32 accumulate):
  *   S^T[16 tokens][8 heads] = K[16 tokens][D] . Q^T[D][8 heads]
@@ -23,7 +25,7 @@
  * MMA as fp16 subnormals, scales and zero points applied per group. Keys of
  * e4m3/int4 caches are multiplied with an fp16 copy of q; values of e4m3/int4
  * caches with fp16 probabilities. P goes from the score fragment layout to
- * the operand layout through 512 bytes of shared memory per warp.
+ * the operand layout by movmatrix (softmax_tile).
  *
  * Splits write fp32 (normalised output, max, sum) to the workspace and a
  * combine kernel merges them; with one split the CTA writes the output.

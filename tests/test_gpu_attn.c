@@ -506,6 +506,17 @@ static void test_gpu_attn_edge_cases_lengths_gqa_and_splits(void **state) {
     check_errs("6 kv heads", f, dt, &e);
     e = run_case(f, dt, 64, 16, 6, 3, mixed, 4, 0, 7107);
     check_errs("6 kv heads, GQA 3", f, dt, &e);
+    /* one head per CTA at head_dim 256 (the largest stages) and with two
+     * head chunks; a block size that is not a power of two; pairs with the
+     * most splits */
+    e = run_case(f, dt, 256, 16, 3, 4, mixed, 4, 0, 7108);
+    check_errs("3 kv heads, dim 256", f, dt, &e);
+    e = run_case(f, dt, 128, 16, 1, 16, mixed, 4, 0, 7109);
+    check_errs("1 kv head, GQA 16", f, dt, &e);
+    e = run_case(f, dt, 128, 48, 2, 4, mixed, 4, 0, 7110);
+    check_errs("block 48", f, dt, &e);
+    e = run_case(f, dt, 64, 16, 4, 2, mixed, 4, KVT_ATTN_MAX_SPLITS, 7111);
+    check_errs("4 kv heads, 64 splits", f, dt, &e);
   }
 }
 

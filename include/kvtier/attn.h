@@ -31,7 +31,8 @@
  *
  * Decode (kvt_attn_decode) is flash-decoding: the context of each sequence
  * is split across CTAs (kvt_attn_num_splits), each CTA handles all query
- * heads of one KV head (GQA) on tensor cores, dequantizing K and V in
+ * heads of one KV head (GQA; of two neighbouring KV heads for INT4 caches
+ * with an even kv_heads) on tensor cores, dequantizing K and V in
  * registers inside its tile loop, and a second small kernel combines the
  * splits' partial results (fp32, in a caller-provided workspace).
  *

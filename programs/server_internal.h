@@ -1,7 +1,8 @@
 /* programs/server_internal.h - what kvtier-server's parts share: the store
  * (server_store.c: tiers, index, tenant namespaces, eviction), the network
- * side (server_net.c: libfabric endpoint, sessions, requests, workers) and
- * main (kvtier_server.c: options, signals, --stats). */
+ * side (server_net.c: libfabric endpoint, sessions, requests; server_work.c:
+ * the workers; their private state in server_net.h) and main
+ * (kvtier_server.c: options, signals, --stats). */
 #ifndef KVT_SERVER_INTERNAL_H
 #define KVT_SERVER_INTERNAL_H
 

@@ -1,6 +1,7 @@
 /* programs/server_net.c - kvtier-server's network side: one libfabric RDM
  * endpoint driven by one thread, sessions (tenant bindings), requests and a
- * pool of workers for the store's I/O.
+ * pool of workers for the store's I/O (their side: server_work.c; what the
+ * two share: server_net.h).
  *
  * A request lives in one of NREQ slots, each owning a receive buffer: the
  * number of requests being served at once is bounded by construction, and a
@@ -47,10 +48,8 @@
 
 #include "kvt_internal.h"
 #include "kvt_transport.h"
-#include "server_internal.h"
+#include "server_net.h"
 
-#define NREQ 256
-#define MAX_SESS 1024 /* a power of two: the low bits of a session id are its slot */
 /* Fair shares (docs/SERVER.md). A session runs SESS_REQ_MAX requests at once
  * (the fabric tier's largest depth), stats-only sessions STATS_REQ_MAX all
  * together, one of several tenants TENANT_REQ_MAX: more are answered -EBUSY.
@@ -70,107 +69,12 @@
  * are dropped, the client's HELLO times out and it tries again. */
 #define HELLO_PENDING_MAX 16
 #define DRAIN_S 10
-#define BUF_MIN_SHIFT 12
-#define BUF_CLASSES 48
 #define BUF_CACHE_MAX (512ull << 20)
 
-enum { K_RECV = 1, K_SEND, K_RMA };
-enum { P_NONE, P_RECV, P_SEND, P_RMA }; /* a post waiting for room */
-enum { RS_POSTED, RS_DEFERRED, RS_RMA, RS_WORK, RS_REPLY, RS_IDLE };
-
-typedef struct sbuf {
-  struct sbuf *next;
-  uint8_t *p;
-  size_t cap;
-  int cls;
-  kvt_fab_mr mr;
-} sbuf;
-
-typedef struct sreq sreq;
-
-typedef struct sess {
-  uint64_t id, addr;
-  int tenant; /* -1: stats only */
-  int used, dead;
-  uint64_t inflight;
-  uint32_t outstanding;
-  int64_t last;
-  sreq *def_head, *def_tail;
-} sess;
-
-struct sreq {
-  kvt_fab_ctx rctx, sctx, actx;
-  uint8_t *rbuf, *msg;
-  int state;
-  kvt_proto_msg req;
-  sess *s;
-  sbuf *stage;
-  srv_put put;        /* a PUT into its block in the DRAM tier: held while put.tier is set */
-  uint8_t *put_rec;   /* that block: the record, its payload after SRV_REC_HDR */
-  kvt_fab_mr put_mr;
-  uint64_t rma_off, rma_len; /* the transfer, in chunks of max_rma */
-  int32_t status;
-  uint64_t out_len, charge;
-  uint64_t temp_addr; /* a refused HELLO's peer, removed after the reply: or KVT_FAB_ADDR_NONE */
-  uint64_t new_session;
-  srv_get g;          /* a GET served from a lent record (lent): held until finish */
-  int lent;
-  const uint8_t *src; /* the lent payload */
-  kvt_fab_mr lend_mr;
-  kvt_proto_list_entry *list; /* LIST replies, allocated on first use */
-  uint32_t list_n;
-  uint64_t list_next;
-  uint64_t stats[KVT_STAT_COUNT];
-  sreq *next;
-  int pending;       /* P_*: what waits in the server's retry queue */
-  int hello_q;       /* a HELLO reply counted in hello_pending */
-  size_t send_len;
-  int64_t pending_since;
-  sreq *pnext;
-};
-
-typedef struct server {
-  const srv_config *cfg;
-  srv_store *st;
-  kvt_fab *fab;
-  uint8_t *pool;
-  kvt_fab_mr pool_mr;
-  sreq req[NREQ];
-  sess sess[MAX_SESS];
-  /* Per tenant, index tenant + 1 (0: stats-only sessions). */
-  uint32_t tenant_sess[SRV_MAX_TENANTS + 1], tenant_reqs[SRV_MAX_TENANTS + 1];
-  uint64_t salt;
-  int draining;
-  int wake_fd;
-  sreq *retry_head, *retry_tail; /* posts that found no room */
-  int hello_pending;
-  /* Workers. */
-  pthread_t *threads;
-  int n_threads;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  sreq *job_head, *job_tail; /* for the workers */
-  sreq *done_head, *done_tail; /* back to the network thread */
-  int stop_workers;
-  /* Staging buffers. */
-  pthread_mutex_t buf_mu;
-  sbuf *free_bufs[BUF_CLASSES];
-  uint64_t cached_bytes;
-  /* Counters read by STATS (from workers): atomics. */
-  atomic_uint_fast64_t n_sessions, auth_refused, too_big, deferred;
-  int64_t started;
-} server;
-
-static int64_t now_s(void) {
+int64_t srv_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec;
-}
-
-static void wake(server *sv) {
-  const uint64_t one = 1;
-  ssize_t w = write(sv->wake_fd, &one, sizeof(one));
-  (void)w;
 }
 
 /* ---- staging buffers ---- */
@@ -185,7 +89,7 @@ static int buf_class(size_t n) {
 /* A registered buffer of at least n bytes: a cached one of n's power-of-two
  * class that is large enough, else a new one of n rounded up to 64 KiB (not
  * to the class's top: a 4 MiB payload would otherwise take 8 MiB). */
-static sbuf *buf_get(server *sv, size_t n) {
+sbuf *srv_buf_get(server *sv, size_t n) {
   const int c = buf_class(n);
   if (c >= BUF_CLASSES)
     return NULL;
@@ -265,7 +169,7 @@ static uint32_t sess_cap(const server *sv, int tenant) {
  * replaced: of class `tenant` only (own >= 0), or of any class; stats-only
  * ones at once, others once idle for SESS_IDLE_S. */
 static sess *sess_victim(server *sv, int tenant, int own) {
-  const int64_t idle_before = now_s() - SESS_IDLE_S;
+  const int64_t idle_before = srv_now_s() - SESS_IDLE_S;
   sess *best = NULL;
   for (int i = 0; i < MAX_SESS; i++) {
     sess *s = &sv->sess[i];
@@ -318,7 +222,7 @@ static void sess_unhold(server *sv, sess *s) {
 /* Queues r's post (kind P_*) to be tried again by retry_posts(). */
 static void defer_post(server *sv, sreq *r, int kind) {
   if (r->pending == P_NONE)
-    r->pending_since = now_s();
+    r->pending_since = srv_now_s();
   r->pending = kind;
   r->pnext = NULL;
   if (sv->retry_tail)
@@ -518,7 +422,7 @@ static void post_rma(server *sv, sreq *r) {
 static void retry_posts(server *sv) {
   sreq *r = sv->retry_head;
   sv->retry_head = sv->retry_tail = NULL;
-  const int64_t now = now_s();
+  const int64_t now = srv_now_s();
   while (r) {
     sreq *next = r->pnext;
     const int kind = r->pending;
@@ -604,7 +508,7 @@ static void start(server *sv, sreq *r) {
     post_rma(sv, r);
     return;
   }
-  r->stage = buf_get(sv, SRV_REC_HDR + r->req.u.data.len);
+  r->stage = srv_buf_get(sv, SRV_REC_HDR + r->req.u.data.len);
   if (!r->stage) {
     reply(sv, r, -ENOMEM);
     return;
@@ -613,108 +517,6 @@ static void start(server *sv, sreq *r) {
     post_rma(sv, r);
   else
     to_workers(sv, r);
-}
-
-/* ---- the workers ---- */
-
-static void work_get(server *sv, sreq *r) {
-  srv_get g;
-  r->status = srv_store_get_begin(sv->st, r->s->tenant, &r->req.u.data.key, &g);
-  if (r->status)
-    return;
-  r->out_len = g.len;
-  if (g.len > r->req.u.data.len) {
-    r->status = KVT_ENOBUFS;
-    srv_store_get_end(sv->st, &g, -1);
-    return;
-  }
-  /* A value in a memory tier goes out from where it lies (registered for
-   * this write), saving a copy; else through a staging buffer. */
-  const uint8_t *rec = NULL;
-  if (g.len && srv_store_get_lend(sv->st, &g, &rec) == 0) {
-    if (kvt_fab_mr_reg(sv->fab, rec, SRV_REC_HDR + g.len, KVT_FAB_LOCAL, &r->lend_mr) == 0) {
-      r->g = g;
-      r->lent = 1;
-      r->src = rec + SRV_REC_HDR;
-      r->status = 0;
-      return; /* finish() returns the loan and counts the hit */
-    }
-    srv_store_get_unlend(sv->st, &g);
-  }
-  r->stage = buf_get(sv, SRV_REC_HDR + g.len);
-  r->status = r->stage ? srv_store_get_read(sv->st, &g, r->stage->p) : -ENOMEM;
-  srv_store_get_end(sv->st, &g, r->status == 0);
-}
-
-static void work(server *sv, sreq *r) {
-  const int tenant = r->s->tenant;
-  r->out_len = 0;
-  switch (r->req.h.opcode) {
-  case KVT_PROTO_PUT:
-    r->status = r->put.tier ? srv_store_put_commit(sv->st, &r->put, 1)
-                            : srv_store_put(sv->st, tenant, &r->req.u.data.key, r->stage->p,
-                                            r->req.u.data.len);
-    break;
-  case KVT_PROTO_GET:
-    work_get(sv, r);
-    break;
-  case KVT_PROTO_EXISTS:
-    r->status = srv_store_exists(sv->st, tenant, &r->req.u.key.key, &r->out_len);
-    break;
-  case KVT_PROTO_DEL:
-    r->status = srv_store_del(sv->st, tenant, &r->req.u.key.key);
-    break;
-  case KVT_PROTO_STATS:
-    memset(r->stats, 0, sizeof(r->stats));
-    srv_store_stats(sv->st, tenant, r->stats);
-    r->stats[KVT_STAT_SESSIONS] = atomic_load(&sv->n_sessions);
-    r->stats[KVT_STAT_AUTH_REFUSED] = atomic_load(&sv->auth_refused);
-    r->stats[KVT_STAT_TOO_BIG] = atomic_load(&sv->too_big);
-    r->stats[KVT_STAT_DEFERRED] = atomic_load(&sv->deferred);
-    r->stats[KVT_STAT_UPTIME_S] = (uint64_t)(now_s() - sv->started);
-    r->status = 0;
-    break;
-  case KVT_PROTO_LIST: {
-    if (!r->list)
-      r->list = malloc(KVT_PROTO_LIST_MAX * sizeof(*r->list));
-    const uint32_t max = r->req.u.list.max && r->req.u.list.max < KVT_PROTO_LIST_MAX
-                             ? r->req.u.list.max
-                             : KVT_PROTO_LIST_MAX;
-    r->status = r->list ? srv_store_list(sv->st, tenant, r->req.u.list.cursor, r->list, max,
-                                         &r->list_n, &r->list_next)
-                        : -ENOMEM;
-    break;
-  }
-  default:
-    r->status = KVT_EPROTO;
-  }
-}
-
-static void *worker_main(void *arg) {
-  server *sv = arg;
-  pthread_mutex_lock(&sv->mu);
-  for (;;) {
-    while (!sv->job_head && !sv->stop_workers)
-      pthread_cond_wait(&sv->cv, &sv->mu);
-    if (!sv->job_head)
-      break;
-    sreq *r = sv->job_head;
-    sv->job_head = r->next;
-    if (!sv->job_head)
-      sv->job_tail = NULL;
-    pthread_mutex_unlock(&sv->mu);
-    work(sv, r);
-    pthread_mutex_lock(&sv->mu);
-    r->next = NULL;
-    if (sv->done_tail)
-      sv->done_tail->next = r;
-    else
-      sv->done_head = r;
-    sv->done_tail = r;
-    wake(sv);
-  }
-  pthread_mutex_unlock(&sv->mu);
-  return NULL;
 }
 
 /* ---- requests ---- */
@@ -773,7 +575,7 @@ static void on_hello(server *sv, sreq *r) {
   s->addr = addr;
   s->tenant = tenant;
   s->used = 1;
-  s->last = now_s();
+  s->last = srv_now_s();
   sv->tenant_sess[tenant + 1]++;
   atomic_fetch_add(&sv->n_sessions, 1);
   r->new_session = s->id;
@@ -850,7 +652,7 @@ static void on_recv(server *sv, sreq *r, const kvt_fab_comp *c) {
     post_recv(sv, r);
     return;
   }
-  s->last = now_s();
+  s->last = srv_now_s();
   r->s = s;
   if (!sess_hold(sv, s)) {
     reply(sv, r, -EBUSY); /* over its fair share of request slots */
@@ -978,7 +780,7 @@ static void serve(server *sv, volatile sig_atomic_t *stop) {
     retry_posts(sv);
     if (*stop && !sv->draining) {
       sv->draining = 1;
-      drain_deadline = now_s() + DRAIN_S;
+      drain_deadline = srv_now_s() + DRAIN_S;
       for (int i = 0; i < NREQ; i++) /* posted receives stay posted; no new work starts */
         if (sv->req[i].state == RS_POSTED)
           sv->req[i].state = RS_IDLE;
@@ -989,7 +791,7 @@ static void serve(server *sv, volatile sig_atomic_t *stop) {
         busy += sv->req[i].state != RS_IDLE;
       if (!busy)
         break;
-      if (now_s() > drain_deadline) {
+      if (srv_now_s() > drain_deadline) {
         fprintf(stderr, "kvtier-server: %d requests still in progress after %d s; closing\n",
                 busy, DRAIN_S);
         break;
@@ -1059,7 +861,7 @@ int srv_net_run(const srv_config *cfg, srv_store *st, volatile sig_atomic_t *sto
   sv->cfg = cfg;
   sv->st = st;
   sv->wake_fd = wake_fd;
-  sv->started = now_s();
+  sv->started = srv_now_s();
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   sv->salt = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^
@@ -1070,7 +872,7 @@ int srv_net_run(const srv_config *cfg, srv_store *st, volatile sig_atomic_t *sto
   int rc = setup(sv);
   sv->threads = calloc((size_t)cfg->workers, sizeof(pthread_t));
   for (int i = 0; rc == 0 && i < cfg->workers; i++) {
-    if (!sv->threads || pthread_create(&sv->threads[i], NULL, worker_main, sv) != 0) {
+    if (!sv->threads || pthread_create(&sv->threads[i], NULL, srv_worker_main, sv) != 0) {
       rc = -EAGAIN;
       break;
     }

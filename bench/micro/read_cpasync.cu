@@ -6,10 +6,7 @@
 // the INT4 decode does, and touches one word per stage. MODE 0: cp.async.cg
 // 16 B per lane; 1: ld.global.nc 16 B per lane into registers, then st.shared;
 // 2: ld.global.nc only (no shared memory).
-#include <cstdio>
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <vector>
+#include "micro_common.cuh"
 #define NS 4
 __device__ __forceinline__ void cpa(void *s, const void *g) {
   unsigned sa = (unsigned)__cvta_generic_to_shared(s);
@@ -73,17 +70,12 @@ __global__ void __launch_bounds__(128, 4) stream(const unsigned char *base, long
   if (acc == 0x12345678u) sink[0] = acc;
 }
 int main() {
-  const size_t bytes = 1ull << 30;
-  unsigned char *buf, *dst; unsigned *sink;
-  cudaMalloc(&buf, bytes); cudaMalloc(&dst, bytes); cudaMalloc(&sink, 4);
-  cudaMemset(buf, 1, bytes);
-  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-  std::vector<float> t;
-  for (int i = 0; i < 12; i++) { cudaEventRecord(e0); cudaMemcpy(dst, buf, bytes, cudaMemcpyDeviceToDevice); cudaEventRecord(e1); cudaEventSynchronize(e1); float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms); }
-  std::sort(t.begin(), t.end());
-  const double copy = 2.0 * bytes / (t[6] * 1e-3) / 1e9;
-  printf("D2D copy: %.1f GB/s (read+write)\n", copy);
-  int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  micro m = micro_init();
+  const size_t bytes = m.bytes;
+  const unsigned char *buf = m.buf;
+  unsigned *sink = m.sink;
+  const int sms = m.sms;
+  const double copy = m.copy / 1e9; // GB/s
   for (int R : {128, 512, 1024}) {
     const int C = 128, cols = R / C;
     const long rows = bytes / R, tiles = rows / 16;
@@ -92,19 +84,13 @@ int main() {
     int tpc = (int)(tiles / ctas_per_col) / 4 * 4;
     dim3 grid(ctas_per_col, cols);
     for (int mode = 0; mode < 3; mode++) {
-      t.clear();
-      for (int i = 0; i < 12; i++) {
-        cudaMemset(dst, 0, 256 << 20);
-        cudaEventRecord(e0);
+      const float ms = micro_median_ms<true>(m, [&] {
         if (mode == 0) stream<0><<<grid, 128>>>(buf, tiles, R, C, tpc, sink);
         else if (mode == 1) stream<1><<<grid, 128>>>(buf, tiles, R, C, tpc, sink);
         else stream<2><<<grid, 128>>>(buf, tiles, R, C, tpc, sink);
-        cudaEventRecord(e1); cudaEventSynchronize(e1);
-        float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms);
-      }
-      std::sort(t.begin(), t.end());
+      });
       const double rd = (double)ctas_per_col * cols * tpc * 16 * 128;
-      const double bw = rd / (t[6] * 1e-3) / 1e9;
+      const double bw = rd / (ms * 1e-3) / 1e9;
       printf("rows of %4d B, 128 B each, %s: %.1f GB/s = %.2f of copy\n", R, mode == 0 ? "cp.async.cg      " : mode == 1 ? "ldg + st.shared  " : "ldg to registers ", bw, bw / copy);
     }
   }

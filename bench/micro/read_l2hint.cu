@@ -6,10 +6,7 @@
 // 1 with .L2::128B, 2 with .L2::256B. SPLIT: a row's C bytes are read by
 // C/32 lanes in two instructions (units u and u + C/32), as the decode
 // kernel's fp8 loads do.
-#include <cstdio>
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <vector>
+#include "micro_common.cuh"
 template <int MODE>
 __device__ __forceinline__ uint4 ld16(const void *p) {
   uint4 v;
@@ -52,17 +49,12 @@ __global__ void rd(const unsigned char *base, long rows, int C, int R, long rows
   if (acc == 0x12345678u) sink[0] = acc;
 }
 int main() {
-  const size_t bytes = 1ull << 30;
-  unsigned char *buf, *dst; unsigned *sink;
-  cudaMalloc(&buf, bytes); cudaMalloc(&dst, bytes); cudaMalloc(&sink, 4);
-  cudaMemset(buf, 1, bytes);
-  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-  std::vector<float> t;
-  for (int i = 0; i < 12; i++) { cudaEventRecord(e0); cudaMemcpy(dst, buf, bytes, cudaMemcpyDeviceToDevice); cudaEventRecord(e1); cudaEventSynchronize(e1); float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms); }
-  std::sort(t.begin(), t.end());
-  const double copy = 2.0 * bytes / (t[6] * 1e-3) / 1e9;
-  printf("D2D copy: %.1f GB/s (read+write)\n", copy);
-  int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  micro m = micro_init();
+  const size_t bytes = m.bytes;
+  const unsigned char *buf = m.buf;
+  unsigned *sink = m.sink;
+  const int sms = m.sms;
+  const double copy = m.copy / 1e9; // GB/s
   struct cfg { int C, R, mode; bool split; const char *what; } cfgs[] = {
     {64, 512, 0, false, "64 B of 512 B rows, full 64 B per instruction"},
     {64, 512, 1, false, "  same, .L2::128B"},
@@ -81,10 +73,7 @@ int main() {
     long splits = std::max(1L, (long)sms * 4 / heads);
     long rows_per = (rows + splits - 1) / splits;
     dim3 grid(splits, heads);
-    t.clear();
-    for (int i = 0; i < 12; i++) {
-      cudaMemset(dst, 0, 256 << 20);
-      cudaEventRecord(e0);
+    const float ms = micro_median_ms<true>(m, [&] {
       if (c.split) {
         if (c.mode == 0) rd<0, true><<<grid, 128>>>(buf, rows, c.C, c.R, rows_per, sink);
         else if (c.mode == 1) rd<1, true><<<grid, 128>>>(buf, rows, c.C, c.R, rows_per, sink);
@@ -94,11 +83,8 @@ int main() {
         else if (c.mode == 1) rd<1, false><<<grid, 128>>>(buf, rows, c.C, c.R, rows_per, sink);
         else rd<2, false><<<grid, 128>>>(buf, rows, c.C, c.R, rows_per, sink);
       }
-      cudaEventRecord(e1); cudaEventSynchronize(e1);
-      float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    const double bw = bytes / (t[6] * 1e-3) / 1e9;
+    });
+    const double bw = bytes / (ms * 1e-3) / 1e9;
     printf("%-64s %7.1f GB/s = %.2f of copy\n", c.what, bw, bw / copy);
   }
   printf("%s\n", cudaGetErrorString(cudaGetLastError()));

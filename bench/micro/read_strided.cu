@@ -3,10 +3,7 @@
 //   nvcc -arch=sm_90 -O3 -o read_strided bench/micro/read_strided.cu && ./read_strided
 // Microbenchmark: read C bytes of every R-byte row (column h of R/C), one
 // CTA per (row range, column), as the decode kernel's CTAs read one kv head.
-#include <cstdio>
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <vector>
+#include "micro_common.cuh"
 __global__ void rd(const unsigned char *base, long rows, int C, int R, long rows_per,
                    unsigned *sink) {
   const int h = blockIdx.y;
@@ -32,17 +29,12 @@ __global__ void rd(const unsigned char *base, long rows, int C, int R, long rows
   if (acc == 0x12345678u) sink[0] = acc;
 }
 int main() {
-  const size_t bytes = 1ull << 30;
-  unsigned char *buf, *dst; unsigned *sink;
-  cudaMalloc(&buf, bytes); cudaMalloc(&dst, bytes); cudaMalloc(&sink, 4);
-  cudaMemset(buf, 1, bytes);
-  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-  std::vector<float> t;
-  for (int i = 0; i < 12; i++) { cudaEventRecord(e0); cudaMemcpy(dst, buf, bytes, cudaMemcpyDeviceToDevice); cudaEventRecord(e1); cudaEventSynchronize(e1); float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms); }
-  std::sort(t.begin(), t.end());
-  const double copy = 2.0 * bytes / (t[6] * 1e-3) / 1e9;
-  printf("D2D copy: %.1f GB/s (read+write)\n", copy);
-  int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  micro m = micro_init();
+  const size_t bytes = m.bytes;
+  const unsigned char *buf = m.buf;
+  unsigned *sink = m.sink;
+  const int sms = m.sms;
+  const double copy = m.copy / 1e9; // GB/s
   struct cfg { int C, R, threads; } cfgs[] = {{64, 512, 128}, {128, 1024, 128}, {256, 2048, 128}, {512, 512, 128}, {64, 64, 128}, {64, 512, 256}, {128, 256, 128}};
   for (auto c : cfgs) {
     const long rows = bytes / c.R;
@@ -51,16 +43,10 @@ int main() {
     long splits = std::max(1L, (long)sms * 4 / heads);
     long rows_per = (rows + splits - 1) / splits;
     dim3 grid(splits, heads);
-    t.clear();
-    for (int i = 0; i < 12; i++) {
-      cudaMemset(dst, 0, 256 << 20); // flush L2
-      cudaEventRecord(e0);
+    const float ms = micro_median_ms<true>(m, [&] {
       rd<<<grid, c.threads>>>(buf, rows, c.C, c.R, rows_per, sink);
-      cudaEventRecord(e1); cudaEventSynchronize(e1);
-      float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    const double bw = bytes / (t[6] * 1e-3) / 1e9;
+    });
+    const double bw = bytes / (ms * 1e-3) / 1e9;
     printf("chunk %4d B of %5d B rows, %3d threads, grid %ldx%d: %.1f GB/s = %.2f of copy\n", c.C, c.R, c.threads, splits, heads, bw, bw / copy);
   }
   printf("%s\n", cudaGetErrorString(cudaGetLastError()));

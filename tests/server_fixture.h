@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,6 +183,33 @@ static inline int srv_stop(srv_fixture *f, int sig, int timeout_s) {
   srv_track(f->pid, 0);
   f->pid = 0;
   return status;
+}
+
+/* f's extra arguments: the strings given, up to a NULL. They are kept as
+ * pointers, so they must outlive f's runs. */
+static inline void srv_set_args(srv_fixture *f, ...) {
+  va_list ap;
+  va_start(ap, f);
+  int n = 0;
+  const char *a;
+  while ((a = va_arg(ap, const char *)) != NULL && n < SRV_MAX_ARGS - 1)
+    f->args[n++] = a;
+  f->args[n] = NULL;
+  va_end(ap);
+}
+
+/* Starts f, failing the test if the server does not say it is ready. */
+static inline void srv_start_or_fail(srv_fixture *f) {
+  if (srv_start(f) != 0)
+    fail_msg("kvtier-server did not start");
+}
+
+/* Stops f with SIGTERM, failing the test unless it exits 0 within
+ * timeout_s seconds. */
+static inline void srv_stop_cleanly(srv_fixture *f, int timeout_s) {
+  const int st = srv_stop(f, SIGTERM, timeout_s);
+  if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    fail_msg("kvtier-server did not exit 0 on SIGTERM (status %d)", st);
 }
 
 static inline void srv_kill9(srv_fixture *f) { (void)srv_stop(f, SIGKILL, 5); }

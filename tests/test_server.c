@@ -44,17 +44,6 @@ static kvt_key key_of(uint32_t a, uint32_t b) {
   return k;
 }
 
-static void start_or_fail(srv_fixture *f) {
-  if (srv_start(f) != 0)
-    fail_msg("kvtier-server did not start");
-}
-
-static void stop_cleanly(srv_fixture *f) {
-  const int st = srv_stop(f, SIGTERM, 20);
-  if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-    fail_msg("kvtier-server did not exit 0 on SIGTERM (status %d)", st);
-}
-
 /* ---- listing ---- */
 
 #define LIST_KEYS 3000
@@ -107,9 +96,8 @@ static int walk_cb(void *opaque, const kvt_key *key, uint64_t len) {
 static void test_list_pages_show_every_held_key_once_while_keys_change(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:64MiB", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:64MiB", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, "default", "", 5000, &t), 0);
   uint8_t v[16];
@@ -139,7 +127,7 @@ static void test_list_pages_show_every_held_key_once_while_keys_change(void **st
     free(w);
   }
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 /* ---- authentication and tenants ---- */
@@ -151,7 +139,7 @@ static void test_wrong_token_or_unknown_tenant_is_refused_at_open(void **state) 
   (void)state;
   srv_fixture f = {0};
   memcpy(f.args, two_tenants, sizeof(two_tenants));
-  start_or_fail(&f);
+  srv_start_or_fail(&f);
   kvt_tier *t = NULL;
   assert_int_equal(open_tier(&f, "alice", "secret-b", 3000, &t), KVT_EAUTH);
   assert_null(t);
@@ -160,7 +148,7 @@ static void test_wrong_token_or_unknown_tenant_is_refused_at_open(void **state) 
   assert_int_equal(open_tier(&f, "alice", "", 3000, &t), KVT_EAUTH);
   assert_int_equal(open_tier(&f, "alice", "secret-a", 3000, &t), 0);
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 typedef struct seen {
@@ -181,7 +169,7 @@ static void test_tenants_cannot_read_delete_or_list_each_others_keys(void **stat
   (void)state;
   srv_fixture f = {0};
   memcpy(f.args, two_tenants, sizeof(two_tenants));
-  start_or_fail(&f);
+  srv_start_or_fail(&f);
   kvt_tier *a, *b;
   assert_int_equal(open_tier(&f, "alice", "secret-a", 3000, &a), 0);
   assert_int_equal(open_tier(&f, "bob", "secret-b", 3000, &b), 0);
@@ -216,7 +204,7 @@ static void test_tenants_cannot_read_delete_or_list_each_others_keys(void **stat
   assert_int_equal(s.items, 0); /* bob's count, not the server's */
   kvt_tier_close(a);
   kvt_tier_close(b);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 /* ---- limits ---- */
@@ -224,9 +212,8 @@ static void test_tenants_cannot_read_delete_or_list_each_others_keys(void **stat
 static void test_oversize_put_is_refused_with_etoobig(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:16MiB", "--max-request", "1MiB", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:16MiB", "--max-request", "1MiB", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, "default", "", 3000, &t), 0);
   const size_t big = (1u << 20) + 1;
@@ -244,7 +231,7 @@ static void test_oversize_put_is_refused_with_etoobig(void **state) {
   free(v);
   free(got);
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 /* ---- many clients ---- */
@@ -354,9 +341,8 @@ static uint64_t prom_value(const char *text, const char *name) {
 static void test_eight_clients_at_once_each_get_their_own_bytes(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:256MiB", "--max-inflight", "256KiB", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:256MiB", "--max-inflight", "256KiB", NULL);
+  srv_start_or_fail(&f);
   client c[CLIENTS];
   pthread_t th[CLIENTS];
   for (uint32_t i = 0; i < CLIENTS; i++) {
@@ -378,7 +364,7 @@ static void test_eight_clients_at_once_each_get_their_own_bytes(void **state) {
                    (uint64_t)CLIENTS * ROUNDS * BATCH);
   assert_true(prom_value(text, "kvtier_server_used_bytes") <= 256u << 20);
   assert_true(prom_value(text, "kvtier_server_deferred_total") > 0); /* the bound held them */
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 /* ---- stats ---- */
@@ -386,9 +372,8 @@ static void test_eight_clients_at_once_each_get_their_own_bytes(void **state) {
 static void test_stats_request_and_prometheus_text(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:8MiB", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:8MiB", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, "default", "", 3000, &t), 0);
   uint8_t v[5000];
@@ -410,7 +395,7 @@ static void test_stats_request_and_prometheus_text(void **state) {
   assert_int_equal(prom_value(text, "kvtier_server_capacity_bytes"), 8u << 20);
   assert_int_equal(prom_value(text, "kvtier_server_sessions"), 2); /* the tier's and --stats' */
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 /* ---- hostile peers ---- */
@@ -436,9 +421,8 @@ static void send_raw(kvt_fab *f, uint64_t to, uint8_t *buf, size_t len, void *de
 static void test_malformed_and_unauthenticated_requests_leave_the_server_serving(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:8MiB", "--tenant", "alice:a", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:8MiB", "--tenant", "alice:a", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, "alice", "a", 3000, &t), 0);
   const kvt_key k = key_of(6, 0);
@@ -490,7 +474,7 @@ static void test_malformed_and_unauthenticated_requests_leave_the_server_serving
   assert_int_equal(n, sizeof(v));
   assert_memory_equal(got, v, sizeof(v));
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 /* ---- shutdown, restart, kill -9 ---- */
@@ -501,9 +485,8 @@ static void test_sigterm_exits_0_and_a_restart_has_the_nvme_values(void **state)
   assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
   snprintf(tiers, sizeof(tiers), "dram:1MiB;nvme:%s:64MiB", dir);
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", tiers, "--tenant", "alice:a", "--tenant", "bob:b", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", tiers, "--tenant", "alice:a", "--tenant", "bob:b", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t, *u;
   assert_int_equal(open_tier(&f, "alice", "a", 3000, &t), 0);
   assert_int_equal(open_tier(&f, "bob", "b", 3000, &u), 0);
@@ -519,8 +502,8 @@ static void test_sigterm_exits_0_and_a_restart_has_the_nvme_values(void **state)
   assert_int_equal(kvt_tier_put(u, &kb, v, 10), 0);
   kvt_tier_close(t);
   kvt_tier_close(u);
-  stop_cleanly(&f);
-  start_or_fail(&f); /* same port, same directory */
+  srv_stop_cleanly(&f, 20);
+  srv_start_or_fail(&f); /* same port, same directory */
   assert_int_equal(open_tier(&f, "alice", "a", 3000, &t), 0);
   for (uint32_t i = 0; i < N; i++) {
     const kvt_key k = key_of(4, i);
@@ -537,7 +520,7 @@ static void test_sigterm_exits_0_and_a_restart_has_the_nvme_values(void **state)
   assert_int_equal(kvt_tier_stats_get(t, &st), 0);
   assert_int_equal(st.items, N);
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
   srv_rmdir(dir);
   free(v);
   free(got);
@@ -660,9 +643,8 @@ static void test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover(voi
   assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
   snprintf(tiers, sizeof(tiers), "dram:4MiB;nvme:%s:256MiB", dir);
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", tiers, NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", tiers, NULL);
+  srv_start_or_fail(&f);
   atomic_int stop = 0, phase = 0;
   static atomic_uint maxv[K_THREADS][K_KEYS];
   killer w[K_THREADS];
@@ -681,7 +663,7 @@ static void test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover(voi
   }
   srv_kill9(&f);
   sleep_ms(1500); /* every client sees the server gone */
-  start_or_fail(&f);
+  srv_start_or_fail(&f);
   atomic_store(&phase, 1);
   sleep_ms(3000);
   atomic_store(&stop, 1);
@@ -701,27 +683,26 @@ static void test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover(voi
     if (w[i].longest_ms > 5000) /* timeout_ms=1000 bounds every wait */
       fail_msg("client %d: an op took %lld ms", i, (long long)w[i].longest_ms);
   }
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
   srv_rmdir(dir);
 }
 
 static void test_dead_server_fails_ops_and_the_same_tier_reconnects(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:8MiB", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:8MiB", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, "default", "", 1000, &t), 0);
   uint8_t v[100] = {1};
   const kvt_key k = key_of(5, 0);
   assert_int_equal(kvt_tier_put(t, &k, v, sizeof(v)), 0);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
   const int64_t t0 = ms_now();
   const int rc = kvt_tier_put(t, &k, v, sizeof(v));
   assert_true(rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -ECONNRESET || rc == -EIO);
   assert_true(ms_now() - t0 < 5000);
-  start_or_fail(&f); /* empty DRAM: the old value is gone, the tier works again */
+  srv_start_or_fail(&f); /* empty DRAM: the old value is gone, the tier works again */
   int ok = -1;
   for (int i = 0; i < 50 && ok != 0; i++) { /* retries while the client notices */
     ok = kvt_tier_put(t, &k, v, sizeof(v));
@@ -734,7 +715,7 @@ static void test_dead_server_fails_ops_and_the_same_tier_reconnects(void **state
   assert_int_equal(kvt_tier_get(t, &k, got, sizeof(got), &len), 0);
   assert_memory_equal(got, v, sizeof(v));
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 static int setup(void **state) {

@@ -63,17 +63,6 @@ static kvt_key key_of(uint32_t a, uint32_t b) {
 /* What the DRAM tier holds for a value of len bytes (256-byte granules). */
 static uint64_t held(uint64_t len) { return (REC_HDR + len + 255) & ~(uint64_t)255; }
 
-static void start_or_fail(srv_fixture *f) {
-  if (srv_start(f) != 0)
-    fail_msg("kvtier-server did not start");
-}
-
-static void stop_cleanly(srv_fixture *f) {
-  const int st = srv_stop(f, SIGTERM, 25);
-  if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-    fail_msg("kvtier-server did not exit 0 on SIGTERM (status %d)", st);
-}
-
 static int open_tier(const srv_fixture *f, int timeout_ms, kvt_tier **t) {
   char spec[256];
   srv_spec(f, spec, sizeof(spec), "default", "", timeout_ms, NULL);
@@ -243,9 +232,8 @@ static const uint64_t sizes[] = {1, 31, 224, 225, 4096, 65537, (1u << 20) + 3, 4
 static void test_reserved_puts_round_trip_on_a_dram_server(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:64MiB", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:64MiB", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, 5000, &t), 0);
   uint8_t *v = malloc(4u << 20);
@@ -285,7 +273,7 @@ static void test_reserved_puts_round_trip_on_a_dram_server(void **state) {
   assert_int_equal(srv_stat(&f, "errors_total"), 0);
   free(v);
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 25);
 }
 
 static void test_reserved_puts_on_dram_nvme_are_durable_and_cached(void **state) {
@@ -294,9 +282,8 @@ static void test_reserved_puts_on_dram_nvme_are_durable_and_cached(void **state)
   assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
   snprintf(tiers, sizeof(tiers), "dram:16MiB;nvme:%s:128MiB", dir);
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", tiers, NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", tiers, NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, 5000, &t), 0);
   enum { N = 24 };
@@ -321,8 +308,8 @@ static void test_reserved_puts_on_dram_nvme_are_durable_and_cached(void **state)
     get_equals(t, &k, v, len);
   }
   kvt_tier_close(t);
-  stop_cleanly(&f);
-  start_or_fail(&f); /* empty DRAM: everything comes from NVMe */
+  srv_stop_cleanly(&f, 25);
+  srv_start_or_fail(&f); /* empty DRAM: everything comes from NVMe */
   assert_int_equal(open_tier(&f, 5000, &t), 0);
   for (uint32_t i = 0; i < N; i++) {
     const kvt_key k = key_of(2, i);
@@ -333,7 +320,7 @@ static void test_reserved_puts_on_dram_nvme_are_durable_and_cached(void **state)
   assert_int_equal(srv_stat(&f, "items"), N);
   free(v);
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 25);
   srv_rmdir(dir);
 }
 
@@ -342,9 +329,8 @@ static void test_reserved_puts_on_dram_nvme_are_durable_and_cached(void **state)
 static void test_get_and_del_while_a_replacement_is_in_flight(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:64MiB", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:64MiB", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, 5000, &t), 0);
   const kvt_key k = key_of(3, 0);
@@ -386,7 +372,7 @@ static void test_get_and_del_while_a_replacement_is_in_flight(void **state) {
   stalled_close(&s);
   free(old);
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 25);
 }
 
 /* ---- clients that die ---- */
@@ -412,9 +398,8 @@ static int child_put_forever(const char *spec) {
 static void test_a_put_whose_client_dies_mid_transfer_leaves_the_old_value(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:256MiB", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:256MiB", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, 5000, &t), 0);
   const kvt_key k = key_of(5, 0);
@@ -478,7 +463,7 @@ static void test_a_put_whose_client_dies_mid_transfer_leaves_the_old_value(void 
   free(old);
   free(big);
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 25);
 }
 
 static void test_sigterm_with_a_put_in_flight_exits_0_and_keeps_the_old_value(void **state) {
@@ -487,9 +472,8 @@ static void test_sigterm_with_a_put_in_flight_exits_0_and_keeps_the_old_value(vo
   assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
   snprintf(tiers, sizeof(tiers), "dram:16MiB;nvme:%s:64MiB", dir);
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", tiers, NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", tiers, NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, 5000, &t), 0);
   const kvt_key k = key_of(6, 0);
@@ -504,13 +488,13 @@ static void test_sigterm_with_a_put_in_flight_exits_0_and_keeps_the_old_value(vo
                    held(sizeof(old)) + held(1u << 20));
   /* The drain gives up on the read after 10 s; the block goes back before
    * the tiers close. */
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 25);
   stalled_close(&s);
-  start_or_fail(&f);
+  srv_start_or_fail(&f);
   assert_int_equal(open_tier(&f, 5000, &t), 0);
   get_equals(t, &k, old, sizeof(old));
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 25);
   srv_rmdir(dir);
 }
 
@@ -522,9 +506,8 @@ static void test_sigterm_with_a_put_in_flight_exits_0_and_keeps_the_old_value(vo
 static void test_sigterm_with_a_stuck_get_and_a_waiting_put_exits_0(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:64MiB", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:64MiB", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, 5000, &t), 0);
   const kvt_key k = key_of(7, 0);
@@ -557,7 +540,7 @@ static void test_sigterm_with_a_stuck_get_and_a_waiting_put_exits_0(void **state
   kvt_tier_close(t);
 
   const int64_t t0 = ms_now();
-  stop_cleanly(&f); /* fails if the server does not exit 0 within 20 s */
+  srv_stop_cleanly(&f, 25); /* fails if the server does not exit 0 within 20 s */
   assert_true(ms_now() - t0 < 20000);
   stalled_close(&s);
   free(v);
@@ -779,13 +762,12 @@ static void test_replacing_a_value_while_gets_run_never_returns_wrong_bytes(void
   const char *specs[2] = {"dram:64MiB", tiers};
   for (int i = 0; i < 2; i++) {
     srv_fixture f = {0};
-    const char *args[] = {"--tiers", specs[i], NULL};
-    memcpy(f.args, args, sizeof(args));
-    start_or_fail(&f);
+    srv_set_args(&f, "--tiers", specs[i], NULL);
+    srv_start_or_fail(&f);
     run_writers_and_readers(&f, 1, 1, 2500);
     check_final(&f, i == 0);
     assert_int_equal(srv_stat(&f, "errors_total"), 0);
-    stop_cleanly(&f);
+    srv_stop_cleanly(&f, 25);
   }
   srv_rmdir(dir);
 }
@@ -795,13 +777,12 @@ static void test_concurrent_puts_of_one_key_leave_one_whole_value(void **state) 
   srv_fixture f = {0};
   /* 4 writers x 4 x up to 3 MiB in flight: more than half the DRAM tier,
    * so some PUTs take the copying path meanwhile. */
-  const char *args[] = {"--tiers", "dram:64MiB", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:64MiB", NULL);
+  srv_start_or_fail(&f);
   run_writers_and_readers(&f, WRITERS, 4, 3000);
   check_final(&f, 1);
   assert_int_equal(srv_stat(&f, "errors_total"), 0);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 25);
 }
 
 /* ---- a full DRAM tier ---- */
@@ -809,9 +790,8 @@ static void test_concurrent_puts_of_one_key_leave_one_whole_value(void **state) 
 static void test_a_full_dram_tier_with_evict_none_refuses_and_keeps_its_values(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:8MiB", "--evict", "none", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:8MiB", "--evict", "none", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, 5000, &t), 0);
   const uint64_t len = 1u << 20;
@@ -847,7 +827,7 @@ static void test_a_full_dram_tier_with_evict_none_refuses_and_keeps_its_values(v
   assert_int_equal(srv_stat(&f, "evictions_total"), 0);
   free(v);
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 25);
 }
 
 typedef struct seen {
@@ -866,9 +846,8 @@ static int collect(void *opaque, const kvt_key *key, uint64_t len) {
 static void test_a_full_dram_tier_with_evict_lru_keeps_taking_puts(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:8MiB", "--evict", "lru", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:8MiB", "--evict", "lru", NULL);
+  srv_start_or_fail(&f);
   kvt_tier *t;
   assert_int_equal(open_tier(&f, 10000, &t), 0);
   enum { QD = 8, ROUNDS = 6 };
@@ -921,7 +900,7 @@ static void test_a_full_dram_tier_with_evict_lru_keeps_taking_puts(void **state)
   assert_int_equal(srv_stat(&f, "errors_total"), 0);
   free(bufs);
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 25);
 }
 
 static int setup(void **state) {

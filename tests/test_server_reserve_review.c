@@ -251,10 +251,8 @@ static uint64_t snapshot(shared *sh, const srv_fixture *f, uint64_t lens[NK], ui
 static void test_many_keys_with_evict_lru_on_one_dram_tier(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:4MiB", "--evict", "lru", NULL};
-  memcpy(f.args, args, sizeof(args));
-  if (srv_start(&f) != 0)
-    fail_msg("kvtier-server did not start");
+  srv_set_args(&f, "--tiers", "dram:4MiB", "--evict", "lru", NULL);
+  srv_start_or_fail(&f);
   static shared sh;
   run_mix(&sh, &f, 3000);
   uint64_t lens[NK];
@@ -268,8 +266,7 @@ static void test_many_keys_with_evict_lru_on_one_dram_tier(void **state) {
   print_message("%llu values dropped for room\n", (unsigned long long)ev);
   assert_true(ev > 0 && ev != UINT64_MAX); /* the mix did overlap evictions */
   free(data);
-  const int st = srv_stop(&f, SIGTERM, 25);
-  assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  srv_stop_cleanly(&f, 25);
 }
 
 static void test_many_keys_with_evict_lru_on_dram_and_nvme_survive_a_restart(void **state) {
@@ -278,10 +275,8 @@ static void test_many_keys_with_evict_lru_on_dram_and_nvme_survive_a_restart(voi
   assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
   snprintf(tiers, sizeof(tiers), "dram:3MiB;nvme:%s:4MiB", dir);
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", tiers, "--evict", "lru", NULL};
-  memcpy(f.args, args, sizeof(args));
-  if (srv_start(&f) != 0)
-    fail_msg("kvtier-server did not start");
+  srv_set_args(&f, "--tiers", tiers, "--evict", "lru", NULL);
+  srv_start_or_fail(&f);
   static shared sh;
   run_mix(&sh, &f, 3000);
   uint64_t lens[NK], lens2[NK];
@@ -289,10 +284,8 @@ static void test_many_keys_with_evict_lru_on_dram_and_nvme_survive_a_restart(voi
   assert_true(data && data2);
   (void)snapshot(&sh, &f, lens, data);
   assert_int_equal(srv_stat(&f, "errors_total"), 0);
-  int st = srv_stop(&f, SIGTERM, 25);
-  assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  if (srv_start(&f) != 0)
-    fail_msg("kvtier-server did not restart");
+  srv_stop_cleanly(&f, 25);
+  srv_start_or_fail(&f);
   (void)snapshot(&sh, &f, lens2, data2);
   for (uint32_t k = 0; k < NK; k++) {
     assert_int_equal(lens2[k], lens[k]);
@@ -301,8 +294,7 @@ static void test_many_keys_with_evict_lru_on_dram_and_nvme_survive_a_restart(voi
   }
   free(data);
   free(data2);
-  st = srv_stop(&f, SIGTERM, 25);
-  assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  srv_stop_cleanly(&f, 25);
   srv_rmdir(dir);
 }
 

@@ -42,17 +42,6 @@ static kvt_key key_of(uint32_t a) {
   return k;
 }
 
-static void start_or_fail(srv_fixture *f) {
-  if (srv_start(f) != 0)
-    fail_msg("kvtier-server did not start");
-}
-
-static void stop_cleanly(srv_fixture *f) {
-  const int st = srv_stop(f, SIGTERM, 20);
-  if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-    fail_msg("kvtier-server did not exit 0 on SIGTERM (status %d)", st);
-}
-
 /* A raw endpoint with a registered message buffer, and the server in its AV. */
 typedef struct raw {
   kvt_fab *f;
@@ -200,7 +189,7 @@ static void test_a_peer_cannot_read_the_servers_memory(void **state) {
   (void)state;
   srv_fixture f = {0};
   memcpy(f.args, two_tenants, sizeof(two_tenants));
-  start_or_fail(&f);
+  srv_start_or_fail(&f);
   char spec[256];
   srv_spec(&f, spec, sizeof(spec), "alice", "secret-a", 2000, NULL);
   kvt_tier *t;
@@ -242,7 +231,7 @@ static void test_a_peer_cannot_read_the_servers_memory(void **state) {
   assert_int_equal(kvt_tier_get(t, &k, got, sizeof(got), &n), 0);
   assert_memory_equal(got, v, sizeof(v));
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 /* ---- sessions ---- */
@@ -254,7 +243,7 @@ static void test_hello_floods_do_not_end_another_clients_session(void **state) {
   (void)state;
   srv_fixture f = {0};
   memcpy(f.args, two_tenants, sizeof(two_tenants));
-  start_or_fail(&f);
+  srv_start_or_fail(&f);
   char spec[256];
   srv_spec(&f, spec, sizeof(spec), "alice", "secret-a", 2000, NULL);
   kvt_tier *t;
@@ -284,7 +273,7 @@ static void test_hello_floods_do_not_end_another_clients_session(void **state) {
   assert_int_equal(n, sizeof(v));
   assert_memory_equal(got, v, sizeof(v));
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 /* ---- forged replies ---- */
@@ -333,7 +322,7 @@ static void test_forged_replies_are_not_believed(void **state) {
   (void)state;
   srv_fixture f = {0};
   memcpy(f.args, two_tenants, sizeof(two_tenants));
-  start_or_fail(&f);
+  srv_start_or_fail(&f);
   char spec[256];
   srv_spec(&f, spec, sizeof(spec), "alice", "secret-a", 1500, NULL);
   kvt_tier *t;
@@ -379,7 +368,7 @@ static void test_forged_replies_are_not_believed(void **state) {
   assert_int_equal(rc, 0);
   assert_memory_equal(got, v, sizeof(v));
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 /* ---- request slots ---- */
@@ -390,10 +379,8 @@ static void test_forged_replies_are_not_believed(void **state) {
 static void test_a_stalled_session_does_not_take_every_request_slot(void **state) {
   (void)state;
   srv_fixture f = {0};
-  const char *args[] = {"--tiers", "dram:16MiB", "--tenant", "alice:secret-a", "--tenant",
-                        "bob:secret-b", "--max-inflight", "64KiB", NULL};
-  memcpy(f.args, args, sizeof(args));
-  start_or_fail(&f);
+  srv_set_args(&f, "--tiers", "dram:16MiB", "--tenant", "alice:secret-a", "--tenant", "bob:secret-b", "--max-inflight", "64KiB", NULL);
+  srv_start_or_fail(&f);
   /* alice's requests go out from a, naming b, which then stops driving its
    * endpoint: the server's RMA reads from b never complete. */
   raw a, b;
@@ -454,7 +441,7 @@ static void test_a_stalled_session_does_not_take_every_request_slot(void **state
   assert_memory_equal(got, v, sizeof(v));
   assert_true(took < 3000);
   kvt_tier_close(t);
-  stop_cleanly(&f);
+  srv_stop_cleanly(&f, 20);
 }
 
 static int setup(void **state) {

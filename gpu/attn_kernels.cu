@@ -513,6 +513,22 @@ template <int U> struct page_stream {
 
 #include "attn_int4.cuh" /* the INT4 path (see there) */
 
+#ifdef KVT_ATTN_TRACE
+/* Diagnostic build only (-DKVT_ATTN_TRACE for CUDA and C): per decode CTA
+ * (linear index, the first 65536) its multiprocessor and the global timer
+ * at its start, at the end of warp 0's tile loop and at its end; read by
+ * kvt_attnrt_trace_read, written to a file by `kvtier bench attn` with
+ * KVT_ATTN_TRACE_FILE set, summarized by bench/attn_trace.py. */
+__device__ unsigned long long kvt_attn_trace[4 * 65536];
+__device__ __forceinline__ unsigned long long gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+#define TRACE_CTA()                                                            \
+  ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x)
+#endif
+
 template <int FMT, int DT, int D>
 __global__ void __launch_bounds__(NWARPS * 32,
                                   D == 256 ? 2 : KVT_ATTN_CTAS_PER_SM)
@@ -529,6 +545,14 @@ __global__ void __launch_bounds__(NWARPS * 32,
   __shared__ __align__(16) uint8_t sh_buf[BUF];
   float(*sh_o)[8][D] = reinterpret_cast<float(*)[8][D]>(sh_buf);
 
+#ifdef KVT_ATTN_TRACE
+  if (threadIdx.x == 0 && TRACE_CTA() < 65536) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
+    kvt_attn_trace[4 * TRACE_CTA()] = smid;
+    kvt_attn_trace[4 * TRACE_CTA() + 1] = gtime();
+  }
+#endif
   const uint32_t b = blockIdx.z;
   const uint32_t split = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -608,6 +632,10 @@ __global__ void __launch_bounds__(NWARPS * 32,
           tile_step<FMT, DT, D>(p, ta[u], g, t, r[u], qb, o, m0, m1, l0, l1);
     }
   }
+#ifdef KVT_ATTN_TRACE
+  if (threadIdx.x == 0 && TRACE_CTA() < 65536)
+    kvt_attn_trace[4 * TRACE_CTA() + 2] = gtime();
+#endif
   __syncthreads(); /* the pipeline's buffer becomes sh_o */
 
   /* the warp's sums over its lanes' tokens */
@@ -679,6 +707,11 @@ __global__ void __launch_bounds__(NWARPS * 32,
       }
     }
   }
+#ifdef KVT_ATTN_TRACE
+  __syncthreads();
+  if (threadIdx.x == 0 && TRACE_CTA() < 65536)
+    kvt_attn_trace[4 * TRACE_CTA() + 3] = gtime();
+#endif
 }
 
 /* Merges the splits of one (sequence, q head) row: blockDim.x = head_dim. */
@@ -898,6 +931,13 @@ extern "C" int kvt_attnrt_append(const kvt_attn_aparams *p, void *stream) {
   return p->dtype == KVT_DTYPE_BF16 ? launch_append<KVT_DTYPE_BF16>(p, st)
                                     : launch_append<KVT_DTYPE_F16>(p, st);
 }
+
+#ifdef KVT_ATTN_TRACE
+extern "C" int kvt_attnrt_trace_read(unsigned long long *dst, size_t n) {
+  return (int)cudaMemcpyFromSymbol(dst, kvt_attn_trace,
+                                   n * sizeof(unsigned long long));
+}
+#endif
 
 extern "C" int kvt_attnrt_sm_count(uint32_t *n) {
   int dev = 0, v = 0;

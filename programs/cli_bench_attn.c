@@ -14,7 +14,7 @@ int cli_bench_attn_main(int argc, char **argv);
 
 static const char attn_help[] =
     "Usage: kvtier bench attn [--iters N] [--dtype bf16|fp16] [--block-size B] "
-    "[--quick | --shape BxT]\n"
+    "[--quick | --shape BxT] [--format F] [--splits N]\n"
     "\n"
     "On the first CUDA device, one layer of Llama-3.1-8B attention (32 query "
     "heads,\n"
@@ -46,7 +46,13 @@ static const char attn_help[] =
     "  --quick          only 32 x 8K and 8 x 32K\n"
     "  --shape BxT      only batch B x context T (T a multiple of the block "
     "size,\n"
-    "                   B x T at most 4M tokens), e.g. 8x65536\n";
+    "                   B x T at most 4M tokens), e.g. 8x65536\n"
+    "  --format F       only format F: raw, k16v8, fp8 or int4 (vs raw is "
+    "then 0)\n"
+    "  --splits N       context splits per sequence, 1 to 64, instead of the "
+    "library's\n"
+    "                   choice (kvt_attn_decode_splits): to see what the "
+    "choice costs\n";
 
 #ifndef KVT_HAVE_CUDA
 
@@ -89,8 +95,8 @@ typedef struct abench {
   cudaStream_t st;
   cudaEvent_t e0, e1;
   void *flush;
-  uint32_t iters, bs, sms;
-  int dtype;
+  uint32_t iters, bs, sms, splits;
+  int dtype, only_fmt; /* -1: every format */
   double *t;
   void *src_k[FILL_SOURCES], *src_v[FILL_SOURCES]; /* device, 16-bit K/V */
   int have_src;
@@ -289,6 +295,8 @@ static int bench_shape(abench *a, const ashape *s, double copy_bw) {
             "q"); /* 0x3C3C: 0.0115 in bf16, 1.06 in fp16 */
   double t_raw = 0;
   for (int f = 0; f < 4 && !rc; f++) {
+    if (a->only_fmt >= 0 && f != a->only_fmt)
+      continue;
     dec_arg d;
     if ((rc = cache_make(a, f, tokens, &d.cache)))
       break;
@@ -302,6 +310,7 @@ static int bench_shape(abench *a, const ashape *s, double copy_bw) {
     p.block_table = dtab;
     p.seq_lens = dlens;
     p.out = dout;
+    p.num_splits = a->splits;
     size_t ws = 0;
     uint32_t splits = 0;
     int e = kvt_attn_workspace_size(a->ctx, &d.cache, &p, &ws);
@@ -325,6 +334,24 @@ static int bench_shape(abench *a, const ashape *s, double copy_bw) {
     d.p = p;
     double sec = 0;
     rc = time_it(a, run_decode, &d, &sec);
+#ifdef KVT_ATTN_TRACE
+    { /* diagnostic builds: the per-CTA timeline (bench/attn_trace.py) */
+      extern int kvt_attnrt_trace_read(unsigned long long *dst, size_t n);
+      static unsigned long long tr[4 * 65536];
+      const char *tf = getenv("KVT_ATTN_TRACE_FILE");
+      if (!rc && tf && !kvt_attnrt_trace_read(tr, 4 * 65536)) {
+        FILE *fp = fopen(tf, "a");
+        const uint32_t kg = f == 3 ? 2 : 1; /* INT4 pairs: HKV is even */
+        const size_t n = (size_t)splits * (HKV / kg) * s->batch;
+        for (size_t i = 0; fp && i < n && i < 65536; i++)
+          fprintf(fp, "%s %u %u %zu %llu %llu %llu %llu\n", fmt_names[f],
+                  s->batch, s->ctx, i, tr[4 * i], tr[4 * i + 1],
+                  tr[4 * i + 2], tr[4 * i + 3]);
+        if (fp)
+          fclose(fp);
+      }
+    }
+#endif
     cache_free(&d.cache);
     if (rc)
       break;
@@ -337,7 +364,8 @@ static int bench_shape(abench *a, const ashape *s, double copy_bw) {
       t_raw = sec;
     printf("%4u x %6u  %-6s %6u %10.1f %8.3f %10.1f %8.2f %7.2f\n", s->batch,
            s->ctx, fmt_names[f], splits, sec * 1e6, bytes / 1e9,
-           bytes / sec / 1e9, bytes / sec / copy_bw, t_raw / sec);
+           bytes / sec / 1e9, bytes / sec / copy_bw,
+           t_raw > 0 ? t_raw / sec : 0.0);
     fflush(stdout);
   }
   cudaFree(dtab), cudaFree(dlens), cudaFree(dq), cudaFree(dout), cudaFree(dws);
@@ -360,7 +388,8 @@ static int copy_bandwidth(abench *a, double *bw) {
 int cli_bench_attn_main(int argc, char **argv) {
   uint32_t iters = 20, bs = 16;
   const char *dtype_s = "bf16";
-  const char *shape_s = NULL;
+  const char *shape_s = NULL, *format_s = NULL;
+  uint32_t splits = 0;
   int quick = 0;
   const cli_opt opts[] = {
       {"--iters", NULL, CLI_U32, &iters, 1, MAX_ITERS},
@@ -368,6 +397,8 @@ int cli_bench_attn_main(int argc, char **argv) {
       {"--block-size", NULL, CLI_U32, &bs, 16, 256},
       {"--quick", NULL, CLI_FLAG, &quick, 0, 0},
       {"--shape", NULL, CLI_STR, &shape_s, 0, 0},
+      {"--format", NULL, CLI_STR, &format_s, 0, 0},
+      {"--splits", NULL, CLI_U32, &splits, 1, KVT_ATTN_MAX_SPLITS},
   };
   size_t npos = 0;
   int rc = cli_parse("bench attn", argc, argv, opts,
@@ -382,6 +413,17 @@ int cli_bench_attn_main(int argc, char **argv) {
   memset(&a, 0, sizeof(a));
   a.iters = iters;
   a.bs = bs;
+  a.splits = splits;
+  a.only_fmt = -1;
+  if (format_s) {
+    for (int f = 0; f < 4; f++)
+      if (strcmp(format_s, fmt_names[f]) == 0)
+        a.only_fmt = f;
+    if (a.only_fmt < 0)
+      return cli_usage_error(
+          "bench attn", "--format: expected raw, k16v8, fp8 or int4, got '%s'",
+          format_s);
+  }
   if ((a.dtype = cli_parse_dtype(dtype_s)) < 0)
     return cli_usage_error("bench attn",
                            "--dtype: expected bf16 or fp16, got '%s'", dtype_s);

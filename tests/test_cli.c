@@ -229,7 +229,7 @@ static void test_cli_bad_codec_is_a_usage_error(void **state) {
 
 /* bench attn checks its options before it looks for a GPU (a build with
  * CUDA; without, it says so and exits 4 whatever the options) */
-static void test_cli_bench_attn_bad_shape_is_a_usage_error(void **state) {
+static void test_cli_bench_attn_bad_options_are_usage_errors(void **state) {
   (void)state;
 #ifdef KVT_HAVE_CUDA
   assert_int_equal(run("bench attn --shape 8x100"), 2); /* not x 16 */
@@ -238,6 +238,10 @@ static void test_cli_bench_attn_bad_shape_is_a_usage_error(void **state) {
   assert_int_equal(run("bench attn --shape 8x64x2"), 2);
   assert_int_equal(run("bench attn --shape 1024x8192"), 2); /* > 4M tokens */
   assert_int_equal(run("bench attn --shape 8x64 --quick"), 2);
+  assert_int_equal(run("bench attn --format int8"), 2);
+  assert_non_null(strstr(res.err, "--format"));
+  assert_int_equal(run("bench attn --splits 0"), 2);
+  assert_int_equal(run("bench attn --splits 65"), 2);
 #else
   assert_int_equal(run("bench attn --shape 8x100"), 4);
   assert_non_null(strstr(res.err, "without CUDA"));
@@ -313,7 +317,7 @@ int main(void) {
       cmocka_unit_test(test_cli_tokens_file_key_is_the_chained_chunk_key),
       cmocka_unit_test(test_cli_demo_small_runs),
       cmocka_unit_test(test_cli_bench_codec_json_has_memcpy_baseline),
-      cmocka_unit_test(test_cli_bench_attn_bad_shape_is_a_usage_error),
+      cmocka_unit_test(test_cli_bench_attn_bad_options_are_usage_errors),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

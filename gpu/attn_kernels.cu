@@ -35,6 +35,8 @@
  * contraction): the codes and scales equal the CPU codec's. */
 #include <stdint.h>
 
+#include <atomic>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -732,6 +734,7 @@ template <int DT> __global__ void combine_kernel(const kvt_attn_kparams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+  static_assert(KVT_ATTN_MAX_SPLITS <= 64, "two splits per lane of warp 0");
   __shared__ float sw[KVT_ATTN_MAX_SPLITS];
   __shared__ float sL;
   const uint64_t row = blockIdx.x;
@@ -777,16 +780,32 @@ template <int DT> __global__ void combine_kernel(const kvt_attn_kparams p) {
       f_to_h16<DT>(L > 0.0f ? acc / L : 0.0f);
 }
 
-/* Whether the current device launches dependents early (sm_90 and later). */
-static bool have_pdl() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) !=
-          cudaSuccess) {
+/* Whether the combine for dtype DT may be launched as a programmatic
+ * dependent on the current device: the device is sm_90 or later and the
+ * code it runs was compiled for compute_90 or later, so that it has the
+ * griddepcontrol.wait (an sm_80-only build JIT-compiled on an H100 has
+ * not, and its combine must wait for the decode kernel the ordinary way).
+ * Cached per device ordinal. */
+template <int DT> static bool have_pdl() {
+  static std::atomic<int> known[64]; /* 0 unknown, 1 yes, -1 no */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  return major >= 9;
+  if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed))
+    return known[dev].load(std::memory_order_relaxed) > 0;
+  int major = 0;
+  cudaFuncAttributes fa;
+  bool ok =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+          cudaSuccess &&
+      major >= 9 && cudaFuncGetAttributes(&fa, combine_kernel<DT>) == cudaSuccess &&
+      fa.ptxVersion >= 90;
+  (void)cudaGetLastError();
+  if (dev >= 0 && dev < 64)
+    known[dev].store(ok ? 1 : -1, std::memory_order_relaxed);
+  return ok;
 }
 
 template <int FMT, int DT, int D>
@@ -808,9 +827,17 @@ int launch_decode_d(const kvt_attn_kparams *p, cudaStream_t st) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = have_pdl() ? 1 : 0;
+  cfg.numAttrs = have_pdl<DT>() ? 1 : 0;
   e = cudaLaunchKernelEx(&cfg, combine_kernel<DT>, *p);
-  return (int)(e != cudaSuccess ? e : cudaGetLastError());
+  if (e != cudaSuccess && cfg.numAttrs) {
+    /* the attribute refused (a driver or capture that does not take it):
+     * the decode kernel is queued, so the combine must follow it anyway */
+    (void)cudaGetLastError();
+    cfg.numAttrs = 0;
+    e = cudaLaunchKernelEx(&cfg, combine_kernel<DT>, *p);
+  }
+  const cudaError_t last = cudaGetLastError(); /* leave none behind */
+  return (int)(e != cudaSuccess ? e : last);
 }
 
 template <int FMT, int DT>

@@ -369,16 +369,19 @@ static int run_decode_ex(const hcache *c, const batch *bt, float scale,
   }
   p.workspace = dws;
   p.workspace_size = ws;
-  /* twice on one workspace (filled with 0xFF before the first): nothing of
-   * one decode may depend on what an earlier one left there */
+  /* twice on one workspace, filled with 0xFF before each: the same bits
+   * both times, whatever the workspace held */
   const size_t n = (size_t)bt->B * bt->Hq * D;
   cudaStream_t st = NULL;
   if (graph)
-    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreate(&st));
   uint16_t *h = xcalloc(n * 2);
   float *first = xcalloc(n * sizeof(float));
   for (int call = 0; call < 2 && !rc; call++) {
     CUDA_OK(cudaMemset(dout, 0xFF, n * 2)); /* NaN: must be overwritten */
+    if (dws) /* and nothing read from the workspace before it is written */
+      CUDA_OK(cudaMemset(dws, 0xFF, ws));
+    CUDA_OK(cudaDeviceSynchronize()); /* before a stream of its own */
     rc = decode_once(&desc, &p, st, graph);
     if (rc)
       fprintf(stderr, "decode: %s: %s\n", kvt_err_name(rc),

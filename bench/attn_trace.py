@@ -7,7 +7,8 @@ then run e.g.
     KVT_ATTN_TRACE_FILE=/tmp/tr.txt kvtier bench attn --shape 8x32768 --iters 3
     python3 bench/attn_trace.py /tmp/tr.txt
 
-Each line of the file is one CTA of the last timed decode of a format:
+One run per file (the bench appends). Each line is one CTA of the last timed
+decode of a format, the first 65536 CTAs only:
 format B T cta smid start loop_end end (global timer, ns; cta is the linear
 index, batch-major). Prints, per format, when CTAs start, when warp 0 leaves
 its tile loop and when the CTA ends (us from the first start), and loop ends
@@ -32,7 +33,10 @@ def main(path):
             (int(i), int(sm), int(t0), int(t1), int(t2)))
     for (f, B, T), r in runs.items():
         z = min(x[2] for x in r)
-        per_b = len(r) // B
+        if len(r) >= 65536:
+            print("%s %d x %d: more than 65536 CTAs, only the first kept: "
+                  "per-sequence rows are not meaningful" % (f, B, T))
+        per_b = max(1, len(r) // B)
         on_sm = collections.Counter(x[1] for x in r)
         print("%s  %d x %d  (%d CTAs)" % (f, B, T, len(r)))
         print("  start     ", summary([(x[2] - z) / 1e3 for x in r]))

@@ -379,17 +379,31 @@ int kvt_fab_wait(kvt_fab *f, int wake_fd, int timeout_ms) {
 
 /* ---- posting ---- */
 
-/* Retries a post that found the queue full for up to ~1 s, driving progress
- * between tries (once only with no_post_wait). */
+static int64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Retries a post that found the queue full for up to 1 s, driving progress
+ * between tries (once only with no_post_wait). The bound is time, not tries:
+ * a try can cost far more than the 50 us nap (tcp;ofi_rxm posting to a peer
+ * that refuses starts a new connect() each time: 20000 tries took 3.5 s). */
 #define POST_RETRY(f, what, call)                                              \
   do {                                                                         \
     ssize_t rc_;                                                               \
+    int64_t until_ = 0;                                                        \
     for (int try_ = 0;; try_++) {                                              \
       rc_ = (call);                                                            \
       if (rc_ != -FI_EAGAIN || try_ >= (f)->post_tries)                        \
         break;                                                                 \
       stash_progress(f);                                                       \
       if (try_ > 100) {                                                        \
+        const int64_t now_ = mono_ns();                                        \
+        if (!until_)                                                           \
+          until_ = now_ + 1000000000LL;                                        \
+        else if (now_ >= until_)                                               \
+          break;                                                               \
         struct timespec ts_ = {0, 50000};                                      \
         nanosleep(&ts_, NULL);                                                 \
       }                                                                        \

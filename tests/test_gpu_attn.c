@@ -510,6 +510,40 @@ static void test_gpu_attn_matches_fp32_reference_every_format_dim_block_dtype(
         }
 }
 
+/* Edge cases beyond the GQA ratios, each for every format. */
+typedef struct edge_case {
+  const char *what;
+  uint32_t D, bs, H, G;
+  const int32_t *lens;
+  uint32_t B, splits; /* splits 0: the library's choice */
+  uint64_t seed;
+} edge_case;
+/* length 1, non-multiples of the block, one long sequence among short */
+static const int32_t mixed[] = {1, 5, 17, 6001};
+static const int32_t one[] = {1};
+static const edge_case edge[] = {
+    {"lens 1,5,17,6001 (auto splits)", 128, 16, 2, 4, mixed, 4, 0, 7100},
+    {"lens 1,5,17,6001 (1 split)", 128, 32, 2, 4, mixed, 4, 1, 7101},
+    {"lens 1,5,17,6001 (7 splits)", 128, 16, 2, 4, mixed, 4, 7, 7102},
+    {"lens 1,5,17,6001 (64 splits)", 64, 16, 1, 8, mixed, 4,
+     KVT_ATTN_MAX_SPLITS, 7103},
+    {"single token", 256, 128, 4, 2, one, 1, 0, 7104},
+    /* INT4 CTAs serve pairs of kv heads where kv_heads is even: an odd
+     * count (one head per CTA), three pairs per sequence (dims 256 and 64,
+     * GQA 2 and 3) */
+    {"3 kv heads", 128, 16, 3, 4, mixed, 4, 0, 7105},
+    {"6 kv heads", 256, 32, 6, 2, mixed, 4, 0, 7106},
+    {"6 kv heads, GQA 3", 64, 16, 6, 3, mixed, 4, 0, 7107},
+    /* one head per CTA at head_dim 256 (the largest stages) and with two
+     * head chunks; a block size that is not a power of two; pairs with the
+     * most splits */
+    {"3 kv heads, dim 256", 256, 16, 3, 4, mixed, 4, 0, 7108},
+    {"1 kv head, GQA 16", 128, 16, 1, 16, mixed, 4, 0, 7109},
+    {"block 48", 128, 48, 2, 4, mixed, 4, 0, 7110},
+    {"4 kv heads, 64 splits", 64, 16, 4, 2, mixed, 4, KVT_ATTN_MAX_SPLITS,
+     7111},
+};
+
 static void test_gpu_attn_edge_cases_lengths_gqa_and_splits(void **state) {
   (void)state;
   for (int f = 0; f < 4; f++) {
@@ -523,39 +557,12 @@ static void test_gpu_attn_edge_cases_lengths_gqa_and_splits(void **state) {
       const errs e = run_case(f, dt, 128, 16, 2, gqa[i], lens, 2, 0, 7000 + i);
       check_errs(what, f, dt, &e);
     }
-    /* length 1, non-multiples of the block, one long sequence among short */
-    const int32_t mixed[] = {1, 5, 17, 6001};
-    errs e = run_case(f, dt, 128, 16, 2, 4, mixed, 4, 0, 7100);
-    check_errs("lens 1,5,17,6001 (auto splits)", f, dt, &e);
-    e = run_case(f, dt, 128, 32, 2, 4, mixed, 4, 1, 7101);
-    check_errs("lens 1,5,17,6001 (1 split)", f, dt, &e);
-    e = run_case(f, dt, 128, 16, 2, 4, mixed, 4, 7, 7102);
-    check_errs("lens 1,5,17,6001 (7 splits)", f, dt, &e);
-    e = run_case(f, dt, 64, 16, 1, 8, mixed, 4, KVT_ATTN_MAX_SPLITS, 7103);
-    check_errs("lens 1,5,17,6001 (64 splits)", f, dt, &e);
-    const int32_t one[] = {1};
-    e = run_case(f, dt, 256, 128, 4, 2, one, 1, 0, 7104);
-    check_errs("single token", f, dt, &e);
-    /* INT4 CTAs serve pairs of kv heads where kv_heads is even: an odd
-     * count (one head per CTA), three pairs per sequence (dims 256 and 64,
-     * GQA 2 and 3) */
-    e = run_case(f, dt, 128, 16, 3, 4, mixed, 4, 0, 7105);
-    check_errs("3 kv heads", f, dt, &e);
-    e = run_case(f, dt, 256, 32, 6, 2, mixed, 4, 0, 7106);
-    check_errs("6 kv heads", f, dt, &e);
-    e = run_case(f, dt, 64, 16, 6, 3, mixed, 4, 0, 7107);
-    check_errs("6 kv heads, GQA 3", f, dt, &e);
-    /* one head per CTA at head_dim 256 (the largest stages) and with two
-     * head chunks; a block size that is not a power of two; pairs with the
-     * most splits */
-    e = run_case(f, dt, 256, 16, 3, 4, mixed, 4, 0, 7108);
-    check_errs("3 kv heads, dim 256", f, dt, &e);
-    e = run_case(f, dt, 128, 16, 1, 16, mixed, 4, 0, 7109);
-    check_errs("1 kv head, GQA 16", f, dt, &e);
-    e = run_case(f, dt, 128, 48, 2, 4, mixed, 4, 0, 7110);
-    check_errs("block 48", f, dt, &e);
-    e = run_case(f, dt, 64, 16, 4, 2, mixed, 4, KVT_ATTN_MAX_SPLITS, 7111);
-    check_errs("4 kv heads, 64 splits", f, dt, &e);
+    for (size_t i = 0; i < sizeof(edge) / sizeof(edge[0]); i++) {
+      const edge_case *c = &edge[i];
+      const errs e = run_case(f, dt, c->D, c->bs, c->H, c->G, c->lens, c->B,
+                              c->splits, c->seed);
+      check_errs(c->what, f, dt, &e);
+    }
   }
 }
 

@@ -3,8 +3,11 @@
 compressed paged caches (kvtier/attn.h, through ctypes) against
 torch.nn.functional.scaled_dot_product_attention on bf16 K/V of the same
 sequences, gathered dense (the like-for-like baseline), and FlashInfer's
-paged decode when flashinfer is importable. Same data, same run, CUDA events,
-the L2 cache flushed before every timed iteration, medians.
+paged decode (tensor-core and CUDA-core paths; a bf16 cache, and an e4m3
+cache with one scale per tensor, as FlashInfer's FP8 cache has) when it is
+importable (on a machine without network: docs/ATTENTION.md, "FlashInfer").
+Same data, same run, CUDA events, the L2 cache flushed before every timed
+iteration, medians.
 
   python3 bench/attn_harness.py --lib build-attn/libkvtier.so [--quick] [--iters N]
 
@@ -149,31 +152,52 @@ def sdpa_fn(q4, kd, vd, scale):
     return (lambda: F.scaled_dot_product_attention(q4, kd, vd, scale=scale)), "default"
 
 
-def flashinfer_fn(q, kd, vd, table, lens, bs, scale):
-    """FlashInfer's paged decode over a bf16 NHD cache of the same pages, or
-    None with the reason when it is not importable or fails."""
+def flashinfer_fns(q, kd, vd, table, lens, bs, scale):
+    """FlashInfer's paged decode over an NHD cache of the same pages: bf16,
+    and e4m3 with one scale per tensor (FlashInfer's FP8 cache has no
+    per-token scales), each by its tensor-core path and (label -cc) its
+    CUDA-core decode kernel. Returns ([(label, fn, bytes)], reason):
+    an empty list with the reason when flashinfer is not importable, and any
+    variant that fails is left out with its reason."""
     try:
         import flashinfer
     except ImportError:
-        return None, "flashinfer not importable"
-    try:
-        B, H, T, D = kd.shape
-        nb = B * T // bs
-        cache = torch.empty(nb, 2, bs, H, D, dtype=torch.bfloat16, device="cuda")
-        pages = table.flatten().long()
-        cache[pages, 0] = kd.permute(0, 2, 1, 3).reshape(nb, bs, H, D)
-        cache[pages, 1] = vd.permute(0, 2, 1, 3).reshape(nb, bs, H, D)
-        indptr = torch.arange(0, B + 1, dtype=torch.int32, device="cuda") * (T // bs)
-        last = torch.full((B,), bs, dtype=torch.int32, device="cuda")
-        ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
-        w.plan(indptr, table.flatten(), last, q.shape[1], H, D, bs, sm_scale=scale,
-               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-        w.run(q, cache)
-        torch.cuda.synchronize()
-        return (lambda: w.run(q, cache)), "ok"
-    except Exception as e:  # any API difference: report and skip
-        return None, "flashinfer failed: %s" % (str(e).splitlines()[0][:120],)
+        return [], "flashinfer not importable"
+    out, why = [], []
+    B, H, T, D = kd.shape
+    nb = B * T // bs
+    pages = table.flatten().long()
+    indptr = torch.arange(0, B + 1, dtype=torch.int32, device="cuda") * (T // bs)
+    last = torch.full((B,), bs, dtype=torch.int32, device="cuda")
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for kvt, tc in ((torch.bfloat16, True), (torch.float8_e4m3fn, True),
+                    (torch.bfloat16, False), (torch.float8_e4m3fn, False)):
+        label = "fi-" + ("bf16" if kvt == torch.bfloat16 else "fp8") + ("" if tc else "-cc")
+        try:
+            cache = torch.empty(nb, 2, bs, H, D, dtype=kvt, device="cuda")
+            ks = vs = None
+            kk, vv = kd, vd
+            if kvt != torch.bfloat16:
+                ks = float(kd.abs().max()) / 448.0
+                vs = float(vd.abs().max()) / 448.0
+                kk, vv = (kd.float() / ks), (vd.float() / vs)
+            cache[pages, 0] = kk.permute(0, 2, 1, 3).reshape(nb, bs, H, D).to(kvt)
+            cache[pages, 1] = vv.permute(0, 2, 1, 3).reshape(nb, bs, H, D).to(kvt)
+            del kk, vv
+            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
+            w.plan(indptr, table.flatten(), last, q.shape[1], H, D, bs, sm_scale=scale,
+                   q_data_type=torch.bfloat16, kv_data_type=kvt)
+            if ks is None:
+                fn = (lambda w=w, cache=cache: w.run(q, cache))
+            else:
+                fn = (lambda w=w, cache=cache, ks=ks, vs=vs:
+                      w.run(q, cache, k_scale=ks, v_scale=vs))
+            fn()
+            torch.cuda.synchronize()
+            out.append((label, fn, cache.numel() * cache.element_size()))
+        except Exception as e:  # any API difference: report and go on
+            why.append("%s failed: %s" % (label, str(e).splitlines()[0][:120]))
+    return out, "; ".join(why)
 
 
 def build_cache(kv, fmt, B, T, H, D, bs, kd, vd, slots):
@@ -231,12 +255,17 @@ def run_shape(kv, timer, B, T, copy_bw, args):
     kv_bf16 = 2 * B * T * H * D * 2
     print("%3d x %6d  sdpa(%s) %9.1f us  %8.1f GB/s  %5.2f of copy" %
           (B, T, backend, t_sdpa * 1e3, kv_bf16 / t_sdpa / 1e6, kv_bf16 / t_sdpa / 1e6 / copy_bw))
-    fi, why = flashinfer_fn(q, kd, vd, table, lens, bs, scale)
-    if fi:
-        t_fi = timer(fi)
-        print("%3d x %6d  flashinfer %9.1f us  %8.1f GB/s  sdpa/flashinfer %5.2f" %
-              (B, T, t_fi * 1e3, kv_bf16 / t_fi / 1e6, t_sdpa / t_fi))
-    else:
+    fis, why = flashinfer_fns(q, kd, vd, table, lens, bs, scale)
+    for label, fn, nbytes in fis:
+        err = med_rel(fn().reshape(B, HQ, D), ref)
+        t_fi = timer(fn)
+        print("%3d x %6d  %-6s %9.1f us  %8.1f GB/s  %5.2f of copy  %5.2fx sdpa  "
+              "median rel err vs sdpa %.4f" %
+              (B, T, label, t_fi * 1e3, nbytes / t_fi / 1e6, nbytes / t_fi / 1e6 / copy_bw,
+               t_sdpa / t_fi, err))
+        sys.stdout.flush()
+    del fis
+    if why:
         print("            (%s)" % why)
     out = torch.empty(B, HQ, D, dtype=torch.bfloat16, device="cuda")
     ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")

@@ -152,51 +152,70 @@ def sdpa_fn(q4, kd, vd, scale):
     return (lambda: F.scaled_dot_product_attention(q4, kd, vd, scale=scale)), "default"
 
 
-def flashinfer_fns(q, kd, vd, table, lens, bs, scale):
+def flashinfer_fns(q, kd, vd, table, bs, scale, ref):
     """FlashInfer's paged decode over an NHD cache of the same pages: bf16,
     and e4m3 with one scale per tensor (FlashInfer's FP8 cache has no
     per-token scales), each by its tensor-core path and (label -cc) its
-    CUDA-core decode kernel. Returns ([(label, fn, bytes)], reason):
-    an empty list with the reason when flashinfer is not importable, and any
-    variant that fails is left out with its reason."""
+    CUDA-core decode kernel. Each variant's output is also compared element
+    by element with SDPA over the values its cache holds (ref for bf16; for
+    e4m3, SDPA over the dequantized cache): the largest difference over the
+    largest |reference|. Returns ([(label, fn, bytes, max_err)], reason): an
+    empty list with the reason when flashinfer is not importable; a variant
+    that fails is left out and named in the reason."""
     try:
         import flashinfer
     except ImportError:
         return [], "flashinfer not importable"
     out, why = [], []
     B, H, T, D = kd.shape
+    G = q.shape[1] // H
     nb = B * T // bs
     pages = table.flatten().long()
     indptr = torch.arange(0, B + 1, dtype=torch.int32, device="cuda") * (T // bs)
     last = torch.full((B,), bs, dtype=torch.int32, device="cuda")
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    for kvt, tc in ((torch.bfloat16, True), (torch.float8_e4m3fn, True),
-                    (torch.bfloat16, False), (torch.float8_e4m3fn, False)):
-        label = "fi-" + ("bf16" if kvt == torch.bfloat16 else "fp8") + ("" if tc else "-cc")
+    for kvt in (torch.bfloat16, torch.float8_e4m3fn):
+        name = "bf16" if kvt == torch.bfloat16 else "fp8"
         try:
             cache = torch.empty(nb, 2, bs, H, D, dtype=kvt, device="cuda")
             ks = vs = None
-            kk, vv = kd, vd
-            if kvt != torch.bfloat16:
+            if kvt == torch.bfloat16:
+                cache[pages, 0] = kd.permute(0, 2, 1, 3).reshape(nb, bs, H, D)
+                cache[pages, 1] = vd.permute(0, 2, 1, 3).reshape(nb, bs, H, D)
+                own = ref
+            else:
                 ks = float(kd.abs().max()) / 448.0
                 vs = float(vd.abs().max()) / 448.0
-                kk, vv = (kd.float() / ks), (vd.float() / vs)
-            cache[pages, 0] = kk.permute(0, 2, 1, 3).reshape(nb, bs, H, D).to(kvt)
-            cache[pages, 1] = vv.permute(0, 2, 1, 3).reshape(nb, bs, H, D).to(kvt)
-            del kk, vv
-            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
-            w.plan(indptr, table.flatten(), last, q.shape[1], H, D, bs, sm_scale=scale,
-                   q_data_type=torch.bfloat16, kv_data_type=kvt)
-            if ks is None:
-                fn = (lambda w=w, cache=cache: w.run(q, cache))
-            else:
-                fn = (lambda w=w, cache=cache, ks=ks, vs=vs:
-                      w.run(q, cache, k_scale=ks, v_scale=vs))
-            fn()
-            torch.cuda.synchronize()
-            out.append((label, fn, cache.numel() * cache.element_size()))
-        except Exception as e:  # any API difference: report and go on
-            why.append("%s failed: %s" % (label, str(e).splitlines()[0][:120]))
+                k8, v8 = (kd.float() / ks).to(kvt), (vd.float() / vs).to(kvt)
+                cache[pages, 0] = k8.permute(0, 2, 1, 3).reshape(nb, bs, H, D)
+                cache[pages, 1] = v8.permute(0, 2, 1, 3).reshape(nb, bs, H, D)
+                kq = (k8.float() * ks).to(torch.bfloat16)
+                vq = (v8.float() * vs).to(torch.bfloat16)
+                del k8, v8
+                own = sdpa_fn(q.view(B, H, G, D), kq, vq, scale)[0]().reshape(q.shape)
+                del kq, vq
+        except Exception as e:
+            why.append("fi-%s cache failed: %s" % (name, str(e).splitlines()[0][:120]))
+            continue
+        for tc in (True, False):
+            label = "fi-" + name + ("" if tc else "-cc")
+            try:
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD",
+                                                                 use_tensor_cores=tc)
+                w.plan(indptr, table.flatten(), last, q.shape[1], H, D, bs, sm_scale=scale,
+                       q_data_type=torch.bfloat16, kv_data_type=kvt)
+                if ks is None:
+                    fn = (lambda w=w, cache=cache: w.run(q, cache))
+                else:
+                    fn = (lambda w=w, cache=cache, ks=ks, vs=vs:
+                          w.run(q, cache, k_scale=ks, v_scale=vs))
+                o = fn().reshape(own.shape).float()
+                torch.cuda.synchronize()
+                max_err = ((o - own.float()).abs().max() / own.float().abs().max()).item()
+                out.append((label, fn, cache.numel() * cache.element_size(), max_err))
+            except Exception as e:  # any API difference: report and go on
+                why.append("%s failed: %s" % (label, str(e).splitlines()[0][:120]))
+        del own
     return out, "; ".join(why)
 
 
@@ -255,16 +274,17 @@ def run_shape(kv, timer, B, T, copy_bw, args):
     kv_bf16 = 2 * B * T * H * D * 2
     print("%3d x %6d  sdpa(%s) %9.1f us  %8.1f GB/s  %5.2f of copy" %
           (B, T, backend, t_sdpa * 1e3, kv_bf16 / t_sdpa / 1e6, kv_bf16 / t_sdpa / 1e6 / copy_bw))
-    fis, why = flashinfer_fns(q, kd, vd, table, lens, bs, scale)
-    for label, fn, nbytes in fis:
+    fis, why = flashinfer_fns(q, kd, vd, table, bs, scale, ref)
+    fn = None
+    for label, fn, nbytes, max_err in fis:
         err = med_rel(fn().reshape(B, HQ, D), ref)
         t_fi = timer(fn)
         print("%3d x %6d  %-6s %9.1f us  %8.1f GB/s  %5.2f of copy  %5.2fx sdpa  "
-              "median rel err vs sdpa %.4f" %
+              "median rel err vs sdpa %.4f  max err vs its own cache %.4f%s" %
               (B, T, label, t_fi * 1e3, nbytes / t_fi / 1e6, nbytes / t_fi / 1e6 / copy_bw,
-               t_sdpa / t_fi, err))
+               t_sdpa / t_fi, err, max_err, "  (OVER 0.02: check)" if max_err > 0.02 else ""))
         sys.stdout.flush()
-    del fis
+    del fis, fn
     if why:
         print("            (%s)" % why)
     out = torch.empty(B, HQ, D, dtype=torch.bfloat16, device="cuda")

@@ -5,7 +5,7 @@ torch.nn.functional.scaled_dot_product_attention on bf16 K/V of the same
 sequences, gathered dense (the like-for-like baseline), and FlashInfer's
 paged decode (tensor-core and CUDA-core paths; a bf16 cache, and an e4m3
 cache with one scale per tensor, as FlashInfer's FP8 cache has) when it is
-importable (on a machine without network: docs/ATTENTION.md, "FlashInfer").
+importable (on a machine without network: docs/ATTENTION.md, "Against FlashInfer").
 Same data, same run, CUDA events, the L2 cache flushed before every timed
 iteration, medians.
 

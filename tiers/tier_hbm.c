@@ -1,0 +1,76 @@
+/* tiers/tier_hbm.c - the "hbm" tier (hbm:DEV:SIZE): payloads kept in device
+ * memory of one CUDA device, by the dram tier's slab allocator (tier_dram.h)
+ * over slabs from cudaMalloc. Built into every library; without CUDA it only
+ * provides the device calls, which fail, and the registry has no hbm. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "tier_dram.h"
+#include "tier_internal.h"
+
+#ifdef KVT_HAVE_CUDA
+#include "kvt_gpu_layout.h" /* kvt_gpurt_*: the CUDA runtime, behind C wrappers */
+
+void *kvt_hbm_alloc(int dev, uint64_t size) {
+  void *p = NULL;
+  if (kvt_gpurt_set_device(dev) || kvt_gpurt_malloc(&p, (size_t)size))
+    return NULL;
+  return p;
+}
+
+void kvt_hbm_free(int dev, void *p) {
+  if (p && !kvt_gpurt_set_device(dev))
+    kvt_gpurt_free(p);
+}
+
+int kvt_hbm_copy(int dev, void *dst, const void *src, uint64_t len) {
+  return kvt_gpurt_set_device(dev) || kvt_gpurt_copy_default(dst, src, (size_t)len) ? -EIO : 0;
+}
+
+/* hbm:DEV:SIZE - the dram allocator over device memory of CUDA device DEV. */
+static int hbm_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
+  char *end = NULL;
+  const char *colon = args ? strchr(args, ':') : NULL;
+  const long dev = colon ? strtol(args, &end, 10) : -1;
+  uint64_t cap = 0;
+  if (!colon || end != colon || dev < 0 || dev > 1023 || kvt_parse_size(colon + 1, &cap) != 0 ||
+      cap == 0)
+    return kvt_fail(ctx, -EINVAL,
+                    "hbm tier: '%s': expected DEV:SIZE, e.g. hbm:0:20GiB (CUDA device, capacity)",
+                    args ? args : "");
+  int n = 0;
+  if (kvt_gpurt_device_count(&n) || dev >= n)
+    return kvt_fail(ctx, KVT_ENOTSUP, "hbm tier: no CUDA device %ld (%d present)", dev, n);
+  kvt_dram *d = kvt_dram_new(ctx, tier, cap);
+  if (!d)
+    return kvt_fail(ctx, -ENOMEM, "hbm tier: allocating its state");
+  kvt_dram_use_device(d, (int)dev);
+  kvt_logf(ctx, KVT_LOG_INFO, "hbm tier: %llu bytes of device %ld in slabs of %llu",
+           (unsigned long long)cap, dev, (unsigned long long)kvt_dram_slab_size(d));
+  *state = d;
+  return 0;
+}
+
+const kvt_tier_backend kvt_tier_backend_hbm = {
+    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "hbm", hbm_open, kvt_dram_close,
+    kvt_dram_submit, NULL, kvt_dram_stats, kvt_dram_list, kvt_dram_borrow, kvt_dram_unborrow,
+    kvt_dram_reserve, kvt_dram_publish, kvt_dram_abort,
+};
+
+#else
+
+void *kvt_hbm_alloc(int dev, uint64_t size) {
+  (void)dev, (void)size;
+  return NULL;
+}
+
+void kvt_hbm_free(int dev, void *p) {
+  (void)dev, (void)p;
+}
+
+int kvt_hbm_copy(int dev, void *dst, const void *src, uint64_t len) {
+  (void)dev, (void)dst, (void)src, (void)len;
+  return -EIO;
+}
+
+#endif

@@ -739,7 +739,18 @@ void kvt_dram_abort(void *state, kvt_tier_reservation *res) {
 }
 
 const kvt_tier_backend kvt_tier_backend_dram = {
-    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "dram", dram_open, kvt_dram_close,
-    kvt_dram_submit, NULL, kvt_dram_stats, kvt_dram_list, kvt_dram_borrow, kvt_dram_unborrow,
-    kvt_dram_reserve, kvt_dram_publish, kvt_dram_abort,
+    .abi_version = KVT_TIER_ABI_VERSION,
+    .struct_size = sizeof(kvt_tier_backend),
+    .scheme = "dram",
+    .open = dram_open,
+    .close = kvt_dram_close,
+    .submit = kvt_dram_submit,
+    .stats = kvt_dram_stats,
+    .list = kvt_dram_list,
+    .borrow = kvt_dram_borrow,
+    .unborrow = kvt_dram_unborrow,
+    .reserve = kvt_dram_reserve,
+    .publish = kvt_dram_publish,
+    .abort = kvt_dram_abort,
+    .traits = KVT_TIER_HOST_MEMORY,
 };

@@ -74,7 +74,7 @@ typedef struct slab {
   int pinned;  /* registered with CUDA */
 } slab;
 
-/* Index entries (tier_index.h) use off and slab for the block, and pin:
+/* Index entries (key_index.h) use off and slab for the block, and pin:
  * 1 + index of its pin record, 0 when no reader holds it. */
 typedef kvt_index_entry entry;
 

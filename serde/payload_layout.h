@@ -2,19 +2,32 @@
  * (FORMAT.md sections 1 and 2), for code that writes or reads them outside
  * serde: the GPU store and load (gpu/gpu_api.c). Their byte offsets stay in
  * serde (serde_internal.h); serde's own writer and parser use these helpers
- * too. Internal: not installed. No helper checks anything; the parser does. */
+ * too. Internal: not installed. No helper checks anything; the parser does.
+ * Device code (nvcc) sees only the constants. */
 #ifndef KVT_PAYLOAD_LAYOUT_H
 #define KVT_PAYLOAD_LAYOUT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvt_internal.h"
-#include "kvtier/payload.h"
-
 #define HDR_FIXED 128 /* bytes of the fixed header, before the section table */
 #define SEC_ENTRY 48  /* bytes of a section table entry */
 #define SEC_ALIGN 64  /* alignment of the header's end and of every section */
+
+/* Where the checksums are, for code that seals or verifies a payload where
+ * it lies and cannot call the helpers below (the GPU checksum kernels,
+ * gpu/gpu_checksum.cu): the header's checksum field, and within a section
+ * table entry its offset, stored size and checksum fields. serde_internal.h's
+ * H_CHECKSUM, S_OFFSET, S_STORED and S_CHECKSUM are these. */
+#define KVT_PL_HEADER_CHECKSUM 120
+#define KVT_PL_ENTRY_OFFSET 8
+#define KVT_PL_ENTRY_STORED 16
+#define KVT_PL_ENTRY_CHECKSUM 32
+
+#ifndef __CUDACC__
+
+#include "kvt_internal.h"
+#include "kvtier/payload.h"
 
 /* Bytes of a header with a table of `sections` entries, zero padding included. */
 static inline uint64_t kvt_header_size(uint32_t sections) {
@@ -54,4 +67,5 @@ void kvt_section_entry_get(const uint8_t *hdr, uint32_t i, kvt_section_info *s);
 /* Sets only the checksum field of entry i (sealing a payload in place). */
 void kvt_section_entry_set_checksum(uint8_t *hdr, uint32_t i, uint64_t checksum);
 
+#endif /* __CUDACC__ */
 #endif

@@ -39,7 +39,7 @@ enum {
   H_HDIM = 96,
   H_TBEGIN = 100,
   H_RSV1 = 104, /* 16 bytes */
-  H_CHECKSUM = 120
+  H_CHECKSUM = KVT_PL_HEADER_CHECKSUM
 };
 
 /* Section table entry offsets. */
@@ -49,10 +49,10 @@ enum {
   S_FMT = 5,
   S_COMP = 6,
   S_RSV0 = 7,
-  S_OFFSET = 8,
-  S_STORED = 16,
+  S_OFFSET = KVT_PL_ENTRY_OFFSET,
+  S_STORED = KVT_PL_ENTRY_STORED,
   S_RAW = 24,
-  S_CHECKSUM = 32,
+  S_CHECKSUM = KVT_PL_ENTRY_CHECKSUM,
   S_RSV1 = 40
 };
 

@@ -13,8 +13,7 @@
 
 #include <cmocka.h>
 
-#define CACHE_TEST_FIXTURE
-#include "cache_test_util.h"
+#include "cache_fixture.h"
 
 static void sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -564,9 +563,9 @@ static int hung; /* a thread of the test never returned */
 
 static int teardown_after_hang(void **state) {
   if (!hung)
-    return teardown(state);
+    return ct_teardown(state);
   /* The hung thread may still use the cache and the context: leak both. */
-  nftw(fx->dir, rm_entry_cb, 16, FTW_DEPTH | FTW_PHYS);
+  cache_fx_rmtree(fx->dir);
   fx = NULL;
   return 0;
 }
@@ -675,40 +674,40 @@ static void test_cache_bug_failed_eviction_leaves_a_ghost_in_the_tier(void **sta
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_cache_del_waits_for_a_get_in_progress, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_cache_get_of_a_payload_being_evicted, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_cache_del_during_a_promotion_removes_every_copy, setup,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cache_del_waits_for_a_get_in_progress, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_get_of_a_payload_being_evicted, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_del_during_a_promotion_removes_every_copy, ct_setup,
+                                      ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_del_during_a_demotion_removes_the_moved_copy,
-                                      setup, teardown),
-      cmocka_unit_test_setup_teardown(test_cache_two_gets_refusing_the_same_payload, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(test_cache_get_refuses_a_short_written_payload, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(test_cache_demotion_drops_a_short_copy, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_cache_threads_with_refusals_on_three_tiers, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(test_cache_threads_with_the_background_mover, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(test_cache_bug_used_differs_from_the_tiers_own_used, setup,
-                                      teardown),
+                                      ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_two_gets_refusing_the_same_payload, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_get_refuses_a_short_written_payload, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_demotion_drops_a_short_copy, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_threads_with_refusals_on_three_tiers, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_threads_with_the_background_mover, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_bug_used_differs_from_the_tiers_own_used, ct_setup,
+                                      ct_teardown),
       cmocka_unit_test_setup_teardown(
-          test_cache_bug_put_of_a_key_being_put_returns_before_it_is_held, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_cache_bug_put_of_a_key_whose_put_fails_returns_0, setup,
-                                      teardown),
+          test_cache_bug_put_of_a_key_being_put_returns_before_it_is_held, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_bug_put_of_a_key_whose_put_fails_returns_0, ct_setup,
+                                      ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_bug_put_racing_the_eviction_of_its_key_loses_it,
-                                      setup, teardown),
+                                      ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_bug_put_with_prev_after_restart_does_not_relink,
-                                      setup, teardown),
+                                      ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_bug_cascade_evicts_the_prefix_of_the_payload_put,
-                                      setup, teardown),
+                                      ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_bug_get_many_hangs_on_a_refused_key_asked_twice,
-                                      setup, teardown_after_hang),
-      cmocka_unit_test_setup_teardown(test_cache_bug_refused_put_still_evicts, setup, teardown),
+                                      ct_setup, teardown_after_hang),
+      cmocka_unit_test_setup_teardown(test_cache_bug_refused_put_still_evicts, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_bug_del_that_failed_in_a_tier_reports_success,
-                                      setup, teardown),
+                                      ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_bug_failed_eviction_leaves_a_ghost_in_the_tier,
-                                      setup, teardown),
+                                      ct_setup, ct_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

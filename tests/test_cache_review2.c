@@ -14,8 +14,7 @@
 
 #include <cmocka.h>
 
-#define CACHE_TEST_FIXTURE
-#include "cache_test_util.h"
+#include "cache_fixture.h"
 
 static void sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -574,28 +573,28 @@ static void test_cache_bug_open_refuses_a_config_of_the_older_size(void **state)
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_cache_bug_mover_drops_payloads_the_lower_tier_refuses,
-                                      setup, teardown),
+                                      ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_bug_mover_spins_when_the_upper_tier_cannot_delete,
-                                      setup, teardown),
-      cmocka_unit_test_setup_teardown(test_cache_get_many_races_deletes_and_the_mover, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(test_cache_del_waits_for_get_many_reading_its_key, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(test_cache_close_waits_for_the_mover_mid_demotion, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(test_cache_del_during_a_background_demotion, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(test_cache_plan_restore_does_not_touch, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_cache_mover_works_on_a_tier_found_full_at_open, setup,
-                                      teardown),
+                                      ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_get_many_races_deletes_and_the_mover, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_del_waits_for_get_many_reading_its_key, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_close_waits_for_the_mover_mid_demotion, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_del_during_a_background_demotion, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_plan_restore_does_not_touch, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_mover_works_on_a_tier_found_full_at_open, ct_setup,
+                                      ct_teardown),
       cmocka_unit_test_setup_teardown(test_tier_loan_survives_replace_and_delete_until_returned,
-                                      setup, teardown),
-      cmocka_unit_test_setup_teardown(test_cache_tier_loan_outlives_an_eviction, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_tier_wait_timeouts_on_nvme, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_tier_poll_timeout_0_makes_progress_on_nvme, setup,
-                                      teardown),
+                                      ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_tier_loan_outlives_an_eviction, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_tier_wait_timeouts_on_nvme, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_tier_poll_timeout_0_makes_progress_on_nvme, ct_setup,
+                                      ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_bug_open_refuses_a_config_of_the_older_size,
-                                      setup, teardown),
+                                      ct_setup, ct_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -335,12 +335,14 @@ static void test_cache_get_many_promotes_after_reading(void **state) {
   kvt_cache_close(c);
 }
 
-/* kvt_cache_get_many() pins every request before it finishes any. A
- * refused payload is removed by cache_get_end -> remove_all, which waits for
- * every other pin on it to go, and a second request for the same key (two
- * sequences sharing a prefix in one batch) holds such a pin in the same
- * thread: the call never returns. (Two threads batching the same keys in
- * different orders deadlock the same way.) */
+/* kvt_cache_get_many returns when a refused key is asked for twice in a
+ * batch (two sequences sharing a prefix).
+ * The defect it guarded (found in review): kvt_cache_get_many() pins every
+ * request before it finishes any. A refused payload is removed by
+ * cache_get_end -> remove_all, which waits for every other pin on it to go,
+ * and a second request for the same key holds such a pin in the same thread:
+ * the call never returned. (Two threads batching the same keys in different
+ * orders deadlocked the same way.) */
 typedef struct many_job {
   kvt_cache *c;
   kvt_cache_get_req req[2];

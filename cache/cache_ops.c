@@ -8,7 +8,7 @@
 #include "cache_internal.h"
 #include "kvtier/payload.h"
 
-#define IDX_MIN 1024u
+#define IDX_MIN 192u /* entries the index holds before it first grows (256 slots) */
 #define GET_TRIES 4   /* a get that raced a move looks again */
 #define LOOKUP_BATCH 64
 
@@ -109,13 +109,10 @@ void kvt_cache_close(kvt_cache *c) {
   cache_mover_stop(c);
   for (int t = 0; t < c->ntiers; t++)
     kvt_tier_close(c->t[t].tier);
-  for (size_t i = 0; c->buckets && i < c->nbuckets; i++) {
-    for (centry *e = c->buckets[i], *next; e; e = next) {
-      next = e->hnext;
-      kvt_dealloc(c->ctx, e);
-    }
-  }
-  kvt_dealloc(c->ctx, c->buckets);
+  for (uint64_t i = 0; i < c->index.cap; i++)
+    if (c->index.slots[i].live)
+      kvt_dealloc(c->ctx, c->index.slots[i].ref);
+  kvt_index_free(&c->index);
   cache_spares_free(c);
   pthread_cond_destroy(&c->mover_cv);
   pthread_cond_destroy(&c->cv);
@@ -155,11 +152,9 @@ int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
   }
   for (int t = 0; t < KVT_CACHE_MAX_TIERS; t++)
     c->t[t].lru.prev = c->t[t].lru.next = &c->t[t].lru;
-  c->nbuckets = IDX_MIN;
-  c->buckets = kvt_alloc(ctx, IDX_MIN * sizeof(*c->buckets), _Alignof(centry *));
-  if (c->buckets)
-    memset(c->buckets, 0, IDX_MIN * sizeof(*c->buckets));
-  int r = c->buckets ? open_tiers(c, cfg->tiers) : kvt_fail(ctx, -ENOMEM, "cache: out of memory");
+  kvt_index_init(&c->index, ctx);
+  int r = kvt_index_reserve(&c->index, IDX_MIN) ? kvt_fail(ctx, -ENOMEM, "cache: out of memory")
+                                                : open_tiers(c, cfg->tiers);
   for (int t = 0; !r && t < c->ntiers; t++) {
     if (!c->t[t].persistent)
       continue;
@@ -603,11 +598,13 @@ int kvt_cache_stats_get(kvt_cache *c, int i, kvt_cache_stats *out) {
   } else {
     s = c->total;
     s.items = 0;
-    for (size_t b = 0; b < c->nbuckets; b++)
-      for (const centry *e = c->buckets[b]; e; e = e->hnext) {
+    for (uint64_t j = 0; j < c->index.cap; j++) {
+      const centry *e = c->index.slots[j].live ? c->index.slots[j].ref : NULL;
+      if (e) {
         s.items += e->state == E_LIVE && e->mask;
         s.pinned += e->busy > 0 || e->moving;
       }
+    }
     for (int t = 0; t < c->ntiers; t++) {
       const kvt_cache_stats *n = &c->t[t].n;
       s.capacity += c->t[t].capacity;

@@ -44,6 +44,8 @@ typedef struct centry {
 
 typedef struct ctier {
   kvt_tier *tier;
+  int owned;         /* closed by kvt_cache_close: opened from a spec, or a
+                        config's tier handle once the open succeeded */
   int persistent;    /* KVT_TIER_PERSISTENT: survives a restart (nvme, redis, fabric) */
   int shared;        /* KVT_TIER_SHARED: other processes write it too (redis, fabric) */
   uint64_t capacity; /* from the tier's stats at open */

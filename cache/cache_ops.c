@@ -56,15 +56,12 @@ static int starts_spec(const char *s) {
   return i > 0 && (s[i] == ':' || s[i] == '@');
 }
 
-static int open_one(kvt_cache *c, const char *spec, const char *list) {
-  if (c->ntiers == KVT_CACHE_MAX_TIERS)
-    return kvt_fail(c->ctx, -EINVAL, "cache: more than %d tiers in \"%s\"", KVT_CACHE_MAX_TIERS,
-                    list);
-  ctier *T = &c->t[c->ntiers];
-  int r = kvt_tier_open(c->ctx, spec, &T->tier);
-  if (r)
-    return r;
-  c->ntiers++;
+/* Takes tier as the next one down: what a payload costs there from its
+ * stats, what it is from its traits. */
+static void add_tier(kvt_cache *c, kvt_tier *tier, int owned) {
+  ctier *T = &c->t[c->ntiers++];
+  T->tier = tier;
+  T->owned = owned;
   kvt_tier_stats s;
   memset(&s, 0, sizeof(s));
   s.struct_size = sizeof(s);
@@ -76,6 +73,37 @@ static int open_one(kvt_cache *c, const char *spec, const char *list) {
   T->persistent = (traits & KVT_TIER_PERSISTENT) != 0;
   T->shared = (traits & KVT_TIER_SHARED) != 0;
   c->nshared += T->shared;
+}
+
+static int open_one(kvt_cache *c, const char *spec, const char *list) {
+  if (c->ntiers == KVT_CACHE_MAX_TIERS)
+    return kvt_fail(c->ctx, -EINVAL, "cache: more than %d tiers in \"%s\"", KVT_CACHE_MAX_TIERS,
+                    list);
+  kvt_tier *tier;
+  int r = kvt_tier_open(c->ctx, spec, &tier);
+  if (r)
+    return r;
+  add_tier(c, tier, 1);
+  return 0;
+}
+
+/* Takes the config's tier handles after the tiers of its specs, not yet
+ * owned: kvt_cache_open owns them once it succeeds. */
+static int add_handles(kvt_cache *c, kvt_tier *const *h, uint32_t n) {
+  if (n && !h)
+    return kvt_fail(c->ctx, -EINVAL, "cache: n_tier_handles %u with no tier_handles", n);
+  if (n > (uint32_t)(KVT_CACHE_MAX_TIERS - c->ntiers))
+    return kvt_fail(c->ctx, -EINVAL, "cache: more than %d tiers (%d from specs, %u handles)",
+                    KVT_CACHE_MAX_TIERS, c->ntiers, n);
+  for (uint32_t i = 0; i < n; i++) {
+    if (!h[i])
+      return kvt_fail(c->ctx, -EINVAL, "cache: tier handle %u is NULL", i);
+    for (uint32_t j = 0; j < i; j++)
+      if (h[j] == h[i])
+        return kvt_fail(c->ctx, -EINVAL, "cache: tier handle %u repeats handle %u", i, j);
+  }
+  for (uint32_t i = 0; i < n; i++)
+    add_tier(c, h[i], 0);
   return 0;
 }
 
@@ -108,7 +136,8 @@ void kvt_cache_close(kvt_cache *c) {
     return;
   cache_mover_stop(c);
   for (int t = 0; t < c->ntiers; t++)
-    kvt_tier_close(c->t[t].tier);
+    if (c->t[t].owned)
+      kvt_tier_close(c->t[t].tier);
   for (uint64_t i = 0; i < c->index.cap; i++)
     if (c->index.slots[i].live)
       kvt_dealloc(c->ctx, c->index.slots[i].ref);
@@ -123,15 +152,16 @@ void kvt_cache_close(kvt_cache *c) {
 int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
   /* Fields are only appended: a config of an older, shorter size opens with
    * the later fields at their defaults. */
-  if (!ctx || !cfg || !out || cfg->struct_size < offsetof(kvt_cache_config, headroom_pct) ||
-      !cfg->tiers)
+  if (!ctx || !cfg || !out || cfg->struct_size < offsetof(kvt_cache_config, headroom_pct))
+    return kvt_fail(ctx, -EINVAL, "cache: need a context, a config with tiers and an out pointer");
+  kvt_cache_config full = KVT_CACHE_CONFIG_INIT;
+  memcpy(&full, cfg, cfg->struct_size < sizeof(full) ? cfg->struct_size : sizeof(full));
+  cfg = &full;
+  if (!cfg->tiers && !cfg->n_tier_handles)
     return kvt_fail(ctx, -EINVAL, "cache: need a context, a config with tiers and an out pointer");
   if (cfg->flags & ~(uint32_t)(KVT_CACHE_WRITE_THROUGH | KVT_CACHE_NO_PROMOTE | KVT_CACHE_VERIFY |
                                KVT_CACHE_BACKGROUND))
     return kvt_fail(ctx, -EINVAL, "cache: unknown flags %#x", cfg->flags);
-  kvt_cache_config full = KVT_CACHE_CONFIG_INIT;
-  memcpy(&full, cfg, cfg->struct_size < sizeof(full) ? cfg->struct_size : sizeof(full));
-  cfg = &full;
   if (cfg->headroom_pct > 90)
     return kvt_fail(ctx, -EINVAL, "cache: headroom_pct %u: at most 90", cfg->headroom_pct);
   kvt_clear_error(ctx);
@@ -154,7 +184,9 @@ int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
     c->t[t].lru.prev = c->t[t].lru.next = &c->t[t].lru;
   kvt_index_init(&c->index, ctx);
   int r = kvt_index_reserve(&c->index, IDX_MIN) ? kvt_fail(ctx, -ENOMEM, "cache: out of memory")
-                                                : open_tiers(c, cfg->tiers);
+                                                : cfg->tiers ? open_tiers(c, cfg->tiers) : 0;
+  if (!r)
+    r = add_handles(c, cfg->tier_handles, cfg->n_tier_handles);
   for (int t = 0; !r && t < c->ntiers; t++) {
     if (!c->t[t].persistent)
       continue;
@@ -170,9 +202,11 @@ int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
   if (!r && (r = cache_mover_start(c)) != 0)
     kvt_fail(ctx, r, "cache: cannot start the background mover thread");
   if (r) {
-    kvt_cache_close(c);
+    kvt_cache_close(c); /* the handles stay the caller's */
     return r;
   }
+  for (int t = 0; t < c->ntiers; t++)
+    c->t[t].owned = 1;
   *out = c;
   return 0;
 }

@@ -83,13 +83,13 @@ typedef struct tlist {
   int hint_valid;
 } tlist;
 
-struct srv_store {
+struct kvt_srv_store {
   kvt_ctx *ctx;
   kvt_tier *top, *bottom; /* top == NULL with one tier */
   kvt_tier *res_tier;     /* where PUTs may reserve their block: a dram top or only tier */
   uint64_t res_bytes, res_cap; /* reserved now; at most half of res_tier ("Reserved PUTs") */
   int evict;
-  const srv_tenant *tenants;
+  const kvt_srv_tenant *tenants;
   int n_tenants;
   pthread_mutex_t mu;
   pthread_cond_t cv; /* an entry's busy or readers went down */
@@ -104,7 +104,7 @@ struct srv_store {
 
 /* ---- keys and records ---- */
 
-static void internal_key(const srv_store *st, int tenant, const kvt_key *key, kvt_key *out) {
+static void internal_key(const kvt_srv_store *st, int tenant, const kvt_key *key, kvt_key *out) {
   uint8_t b[4 + 8 + 16];
   memcpy(b, "kvts", 4);
   kvt_st64(b + 4, st->tenants[tenant].tag);
@@ -126,18 +126,18 @@ static int rec_valid(const uint8_t *rec) {
 
 /* ---- index ---- */
 
-static size_t bucket_of(const srv_store *st, const kvt_key *k) {
+static size_t bucket_of(const kvt_srv_store *st, const kvt_key *k) {
   return (size_t)(kvt_ld64(k->bytes) & (st->n_buckets - 1));
 }
 
-static entry *find(srv_store *st, const kvt_key *ikey) {
+static entry *find(kvt_srv_store *st, const kvt_key *ikey) {
   for (entry *e = st->buckets[bucket_of(st, ikey)]; e; e = e->hnext)
     if (memcmp(e->ikey.bytes, ikey->bytes, 16) == 0)
       return e;
   return NULL;
 }
 
-static void grow(srv_store *st) {
+static void grow(kvt_srv_store *st) {
   const size_t nb = st->n_buckets * 2;
   entry **b = calloc(nb, sizeof(*b));
   if (!b)
@@ -154,7 +154,7 @@ static void grow(srv_store *st) {
   st->n_buckets = nb;
 }
 
-static entry *insert(srv_store *st, const kvt_key *ikey) {
+static entry *insert(kvt_srv_store *st, const kvt_key *ikey) {
   entry *e = calloc(1, sizeof(*e));
   if (!e)
     return NULL;
@@ -169,7 +169,7 @@ static entry *insert(srv_store *st, const kvt_key *ikey) {
   return e;
 }
 
-static void lru_unlink(srv_store *st, entry *e) {
+static void lru_unlink(kvt_srv_store *st, entry *e) {
   if (e->lru_prev)
     e->lru_prev->lru_next = e->lru_next;
   else if (st->lru_head == e)
@@ -181,7 +181,7 @@ static void lru_unlink(srv_store *st, entry *e) {
   e->lru_prev = e->lru_next = NULL;
 }
 
-static void lru_touch(srv_store *st, entry *e) {
+static void lru_touch(kvt_srv_store *st, entry *e) {
   lru_unlink(st, e);
   e->lru_next = st->lru_head;
   if (st->lru_head)
@@ -191,13 +191,13 @@ static void lru_touch(srv_store *st, entry *e) {
     st->lru_tail = e;
 }
 
-static void tenant_link(srv_store *st, entry *e) {
+static void tenant_link(kvt_srv_store *st, entry *e) {
   if (e->tenant < 0)
     return;
   tlist *t = &st->tl[e->tenant];
   if (t->hint_valid) {
     if (t->tail && t->tail->seq > e->seq)
-      t->hint_valid = 0; /* out of order until put back: see srv_store_put */
+      t->hint_valid = 0; /* out of order until put back: see kvt_srv_store_put */
     else if (!t->hint && e->seq >= t->hint_cursor)
       t->hint = e;
   }
@@ -212,7 +212,7 @@ static void tenant_link(srv_store *st, entry *e) {
   t->bytes += e->len;
 }
 
-static void tenant_unlink(srv_store *st, entry *e) {
+static void tenant_unlink(kvt_srv_store *st, entry *e) {
   if (e->tenant < 0)
     return;
   tlist *t = &st->tl[e->tenant];
@@ -231,7 +231,7 @@ static void tenant_unlink(srv_store *st, entry *e) {
   t->bytes -= e->len;
 }
 
-static void remove_entry(srv_store *st, entry *e) {
+static void remove_entry(kvt_srv_store *st, entry *e) {
   entry **pp = &st->buckets[bucket_of(st, &e->ikey)];
   while (*pp != e)
     pp = &(*pp)->hnext;
@@ -245,7 +245,7 @@ static void remove_entry(srv_store *st, entry *e) {
   free(e);
 }
 
-static void release_write(srv_store *st, entry *e) {
+static void release_write(kvt_srv_store *st, entry *e) {
   e->busy = 0;
   pthread_cond_broadcast(&st->cv);
 }
@@ -256,7 +256,7 @@ static void release_write(srv_store *st, entry *e) {
  * or the only tier: drop the value) by dropping the coldest value or copy
  * that nobody uses, never the one of `keep` (the key being put: a PUT that
  * fails must leave its old value). Returns 1 when something was dropped. */
-static int evict_one(srv_store *st, kvt_tier *which, const kvt_key *keep) {
+static int evict_one(kvt_srv_store *st, kvt_tier *which, const kvt_key *keep) {
   const int top = which == st->top;
   pthread_mutex_lock(&st->mu);
   entry *v = st->lru_tail;
@@ -290,7 +290,7 @@ static int evict_one(srv_store *st, kvt_tier *which, const kvt_key *keep) {
 }
 
 /* Puts into tier t, dropping colder values or copies while it is full. */
-static int put_with_room(srv_store *st, kvt_tier *t, const entry *e, const uint8_t *rec,
+static int put_with_room(kvt_srv_store *st, kvt_tier *t, const entry *e, const uint8_t *rec,
                          uint64_t n, int may_evict) {
   for (int tries = 0;; tries++) {
     const int rc = kvt_tier_put(t, &e->ikey, rec, n);
@@ -304,7 +304,7 @@ static int put_with_room(srv_store *st, kvt_tier *t, const entry *e, const uint8
 /* Takes the entry of ik for writing once nobody else uses it; NULL when it
  * is absent (or went away while we waited: a failed PUT of a new key, a DEL
  * or an eviction frees it, so it is looked up again after every wait). */
-static entry *take_existing(srv_store *st, const kvt_key *ik) {
+static entry *take_existing(kvt_srv_store *st, const kvt_key *ik) {
   for (;;) {
     entry *e = find(st, ik);
     if (!e)
@@ -318,7 +318,7 @@ static entry *take_existing(srv_store *st, const kvt_key *ik) {
 }
 
 /* Finds or creates the entry for (tenant, key) and takes it for writing. */
-static entry *write_entry(srv_store *st, const kvt_key *ik) {
+static entry *write_entry(kvt_srv_store *st, const kvt_key *ik) {
   entry *e = take_existing(st, ik);
   if (!e && (e = insert(st, ik)) != NULL)
     e->busy = 1;
@@ -328,7 +328,7 @@ static entry *write_entry(srv_store *st, const kvt_key *ik) {
 /* Indexes the outcome of a PUT of e (taken for writing): rc 0, the value
  * in the bottom tier and, top_ok, a copy in the top one; else e as it was
  * (or gone, when it was new). Releases e. Called under the lock. */
-static void put_done(srv_store *st, entry *e, int tenant, const kvt_key *key, uint64_t len,
+static void put_done(kvt_srv_store *st, entry *e, int tenant, const kvt_key *key, uint64_t len,
                      int rc, int top_ok) {
   st->puts++;
   if (rc) {
@@ -375,7 +375,7 @@ static void put_done(srv_store *st, entry *e, int tenant, const kvt_key *key, ui
   release_write(st, e);
 }
 
-int srv_store_put(srv_store *st, int tenant, const kvt_key *key, uint8_t *rec, uint64_t len) {
+int kvt_srv_store_put(kvt_srv_store *st, int tenant, const kvt_key *key, uint8_t *rec, uint64_t len) {
   kvt_key ik;
   internal_key(st, tenant, key, &ik);
   rec_header(rec, st->tenants[tenant].tag, key);
@@ -404,8 +404,8 @@ int srv_store_put(srv_store *st, int tenant, const kvt_key *key, uint8_t *rec, u
 
 /* ---- reserved PUTs ---- */
 
-int srv_store_put_reserve(srv_store *st, int tenant, const kvt_key *key, uint64_t len,
-                          srv_put *p, uint8_t **rec) {
+int kvt_srv_store_put_reserve(kvt_srv_store *st, int tenant, const kvt_key *key, uint64_t len,
+                          kvt_srv_put *p, uint8_t **rec) {
   p->tier = NULL;
   if (!st->res_tier)
     return KVT_ENOTSUP;
@@ -445,7 +445,7 @@ int srv_store_put_reserve(srv_store *st, int tenant, const kvt_key *key, uint64_
 
 /* Takes the entry of ik for writing if nobody uses it now (creating it when
  * absent); NULL with *busy set when that would wait. Called under the lock. */
-static entry *try_write_entry(srv_store *st, const kvt_key *ik, int *busy) {
+static entry *try_write_entry(kvt_srv_store *st, const kvt_key *ik, int *busy) {
   entry *e = find(st, ik);
   *busy = e && (e->busy || e->readers);
   if (*busy)
@@ -457,7 +457,7 @@ static entry *try_write_entry(srv_store *st, const kvt_key *ik, int *busy) {
   return e;
 }
 
-int srv_store_put_commit(srv_store *st, srv_put *p, int may_wait) {
+int kvt_srv_store_put_commit(kvt_srv_store *st, kvt_srv_put *p, int may_wait) {
   if (!p->tier)
     return -EINVAL;
   if (st->top && !may_wait)
@@ -470,7 +470,7 @@ int srv_store_put_commit(srv_store *st, srv_put *p, int may_wait) {
     pthread_mutex_unlock(&st->mu);
     if (busy)
       return -EWOULDBLOCK;
-    srv_store_put_abort(st, p);
+    kvt_srv_store_put_abort(st, p);
     return -ENOMEM;
   }
   const int had_top = e->in_top;
@@ -495,7 +495,7 @@ int srv_store_put_commit(srv_store *st, srv_put *p, int may_wait) {
   return rc;
 }
 
-void srv_store_put_abort(srv_store *st, srv_put *p) {
+void kvt_srv_store_put_abort(kvt_srv_store *st, kvt_srv_put *p) {
   if (!p->tier)
     return;
   kvt_tier_abort(p->tier, &p->res);
@@ -505,7 +505,7 @@ void srv_store_put_abort(srv_store *st, srv_put *p) {
   pthread_mutex_unlock(&st->mu);
 }
 
-int srv_store_get_begin(srv_store *st, int tenant, const kvt_key *key, srv_get *g) {
+int kvt_srv_store_get_begin(kvt_srv_store *st, int tenant, const kvt_key *key, kvt_srv_get *g) {
   kvt_key ik;
   internal_key(st, tenant, key, &ik);
   pthread_mutex_lock(&st->mu);
@@ -532,7 +532,7 @@ int srv_store_get_begin(srv_store *st, int tenant, const kvt_key *key, srv_get *
 }
 
 /* Reads the record of e (len payload bytes) into rec and checks its header. */
-static int read_record(srv_store *st, entry *e, int from_top, uint8_t *rec, uint64_t len) {
+static int read_record(kvt_srv_store *st, entry *e, int from_top, uint8_t *rec, uint64_t len) {
   uint64_t got = 0;
   const int rc = kvt_tier_get(from_top ? st->top : st->bottom, &e->ikey, rec, SRV_REC_HDR + len,
                               &got);
@@ -543,7 +543,7 @@ static int read_record(srv_store *st, entry *e, int from_top, uint8_t *rec, uint
   return 0;
 }
 
-int srv_store_get_read(srv_store *st, srv_get *g, uint8_t *rec) {
+int kvt_srv_store_get_read(kvt_srv_store *st, kvt_srv_get *g, uint8_t *rec) {
   entry *e = g->entry;
   pthread_mutex_lock(&st->mu);
   const int from_top = e->in_top;
@@ -563,7 +563,7 @@ int srv_store_get_read(srv_store *st, srv_get *g, uint8_t *rec) {
   return rc;
 }
 
-int srv_store_get_lend(srv_store *st, srv_get *g, const uint8_t **rec) {
+int kvt_srv_store_get_lend(kvt_srv_store *st, kvt_srv_get *g, const uint8_t **rec) {
   entry *e = g->entry;
   pthread_mutex_lock(&st->mu);
   kvt_tier *t = e->in_top ? st->top : st->top ? NULL : st->bottom;
@@ -584,7 +584,7 @@ int srv_store_get_lend(srv_store *st, srv_get *g, const uint8_t **rec) {
   return 0;
 }
 
-void srv_store_get_unlend(srv_store *st, srv_get *g) {
+void kvt_srv_store_get_unlend(kvt_srv_store *st, kvt_srv_get *g) {
   (void)st;
   if (g->lender) {
     kvt_tier_return(g->lender, &g->loan);
@@ -592,7 +592,7 @@ void srv_store_get_unlend(srv_store *st, srv_get *g) {
   }
 }
 
-void srv_store_get_end(srv_store *st, srv_get *g, int hit) {
+void kvt_srv_store_get_end(kvt_srv_store *st, kvt_srv_get *g, int hit) {
   entry *e = g->entry;
   pthread_mutex_lock(&st->mu);
   e->readers--;
@@ -607,7 +607,7 @@ void srv_store_get_end(srv_store *st, srv_get *g, int hit) {
   g->entry = NULL;
 }
 
-int srv_store_exists(srv_store *st, int tenant, const kvt_key *key, uint64_t *len) {
+int kvt_srv_store_exists(kvt_srv_store *st, int tenant, const kvt_key *key, uint64_t *len) {
   kvt_key ik;
   internal_key(st, tenant, key, &ik);
   pthread_mutex_lock(&st->mu);
@@ -620,7 +620,7 @@ int srv_store_exists(srv_store *st, int tenant, const kvt_key *key, uint64_t *le
   return rc;
 }
 
-int srv_store_del(srv_store *st, int tenant, const kvt_key *key) {
+int kvt_srv_store_del(kvt_srv_store *st, int tenant, const kvt_key *key) {
   kvt_key ik;
   internal_key(st, tenant, key, &ik);
   pthread_mutex_lock(&st->mu);
@@ -654,7 +654,7 @@ int srv_store_del(srv_store *st, int tenant, const kvt_key *key) {
 
 /* ---- owners after a restart ---- */
 
-static int tenant_of_tag(const srv_store *st, uint64_t tag) {
+static int tenant_of_tag(const kvt_srv_store *st, uint64_t tag) {
   for (int i = 0; i < st->n_tenants; i++)
     if (st->tenants[i].tag == tag)
       return i;
@@ -663,7 +663,7 @@ static int tenant_of_tag(const srv_store *st, uint64_t tag) {
 
 /* Reads the header of every record indexed at open whose owner is not yet
  * known. Called by LIST and STATS; a no-op once done. */
-static void resolve_owners(srv_store *st) {
+static void resolve_owners(kvt_srv_store *st) {
   uint8_t *buf = NULL;
   size_t cap = 0;
   for (;;) {
@@ -714,7 +714,7 @@ static void resolve_owners(srv_store *st) {
   free(buf);
 }
 
-int srv_store_list(srv_store *st, int tenant, uint64_t cursor, kvt_proto_list_entry *out,
+int kvt_srv_store_list(kvt_srv_store *st, int tenant, uint64_t cursor, kvt_proto_list_entry *out,
                    uint32_t max, uint32_t *n, uint64_t *next) {
   resolve_owners(st);
   pthread_mutex_lock(&st->mu);
@@ -752,7 +752,7 @@ static void tier_usage(kvt_tier *t, uint64_t *cap, uint64_t *used) {
   }
 }
 
-void srv_store_stats(srv_store *st, int tenant, uint64_t v[KVT_STAT_COUNT]) {
+void kvt_srv_store_stats(kvt_srv_store *st, int tenant, uint64_t v[KVT_STAT_COUNT]) {
   if (tenant >= 0)
     resolve_owners(st);
   tier_usage(st->bottom, &v[KVT_STAT_CAPACITY], &v[KVT_STAT_USED]);
@@ -779,14 +779,14 @@ void srv_store_stats(srv_store *st, int tenant, uint64_t v[KVT_STAT_COUNT]) {
 /* ---- open and close ---- */
 
 typedef struct rebuild {
-  srv_store *st;
+  kvt_srv_store *st;
   kvt_key *stale; /* records too short to be ours: deleted after the walk */
   size_t n_stale, cap_stale;
 } rebuild;
 
 static int rebuild_one(void *opaque, const kvt_key *key, uint64_t len) {
   rebuild *r = opaque;
-  srv_store *st = r->st;
+  kvt_srv_store *st = r->st;
   if (len < SRV_REC_HDR) {
     if (r->n_stale == r->cap_stale) {
       const size_t cap = r->cap_stale ? r->cap_stale * 2 : 64;
@@ -835,15 +835,15 @@ static int split_tiers(const char *spec, char parts[2][1024]) {
   return n;
 }
 
-int srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const srv_tenant *tenants,
-                   int n_tenants, srv_store **out, char *err, size_t err_cap) {
+int kvt_srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const kvt_srv_tenant *tenants,
+                   int n_tenants, kvt_srv_store **out, char *err, size_t err_cap) {
   char parts[2][1024];
   const int n = split_tiers(spec, parts);
   if (n < 1) {
     snprintf(err, err_cap, "--tiers '%s': expected one tier or two separated by ';'", spec);
     return -EINVAL;
   }
-  srv_store *st = calloc(1, sizeof(*st));
+  kvt_srv_store *st = calloc(1, sizeof(*st));
   if (!st || !(st->buckets = calloc(1024, sizeof(entry *))) ||
       !(st->tl = calloc((size_t)(n_tenants ? n_tenants : 1), sizeof(tlist)))) {
     if (st)
@@ -884,14 +884,14 @@ int srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const srv_tena
       snprintf(err, err_cap, "indexing '%s': %s", parts[n - 1], kvt_strerror(rc));
     st->top = t[0];
     st->bottom = t[1];
-    srv_store_close(st);
+    kvt_srv_store_close(st);
     return rc;
   }
   *out = st;
   return 0;
 }
 
-void srv_store_close(srv_store *st) {
+void kvt_srv_store_close(kvt_srv_store *st) {
   if (!st)
     return;
   kvt_tier_close(st->top);

@@ -1,7 +1,7 @@
 /* cache/cache.c - the cache manager's machinery: the key index, the prefix
  * tree, per-tier LRU lists, the choice of victims, and moving payloads down
  * (demotion, eviction) and into a tier. The public calls are in
- * tiers/cache_ops.c; cache_internal.h says what the lock guards. */
+ * cache/cache_ops.c; cache_internal.h says what the lock guards. */
 #include <errno.h>
 
 #include "cache_internal.h"

@@ -2,7 +2,7 @@
  * kvt_cache_get_many() (many gets with several reads in flight per tier, the
  * checks and counters of one get each, promotions afterwards) and
  * kvt_cache_borrow() (a payload lent in place by a memory tier). The shared
- * get path is in tiers/cache_ops.c. */
+ * get path is in cache/cache_ops.c. */
 #include <errno.h>
 
 #include "cache_internal.h"
@@ -63,7 +63,7 @@ int kvt_cache_get_many(kvt_cache *c, kvt_cache_get_req *reqs, size_t n, uint32_t
     kvt_dealloc(c->ctx, idx);
     return -ENOMEM;
   }
-  /* What shared tiers hold that the index misses (tiers/cache_shared.c). */
+  /* What shared tiers hold that the index misses (cache/cache_shared.c). */
   if (c->nshared) {
     kvt_key ks[64];
     for (size_t i = 0; i < n; i += 64) {
@@ -150,7 +150,7 @@ int kvt_cache_borrow(kvt_cache *c, const kvt_key *key, kvt_cache_loan *loan) {
   /* The header checks of a get, on host bytes only (device bytes are checked
    * by the load kernel's own verification). */
   int kind = KVT_GPU_MEM_PAGEABLE;
-  if (!strncmp(kvt_tier_spec(c->t[t].tier), "hbm:", 4))
+  if (kvt_tier_traits(c->t[t].tier) & KVT_TIER_DEVICE)
     kind = KVT_GPU_MEM_DEVICE;
   if (kind != KVT_GPU_MEM_DEVICE) {
     pthread_mutex_lock(&c->mu);

@@ -1,6 +1,6 @@
 /* cache/cache_internal.h - the cache manager's insides, shared by
- * tiers/cache.c (index, LRU lists, victim choice, moving payloads between
- * tiers) and tiers/cache_ops.c (the public calls).
+ * cache/cache.c (index, LRU lists, victim choice, moving payloads between
+ * tiers) and cache/cache_ops.c (the public calls).
  *
  * Locking: one mutex (cache.mu) guards every field below except the tier
  * handles, which are thread-safe on their own. Tier I/O never happens with
@@ -44,8 +44,8 @@ typedef struct centry {
 
 typedef struct ctier {
   kvt_tier *tier;
-  int persistent;    /* survives a restart (nvme, redis, fabric) */
-  int shared;        /* other processes write it too (redis, fabric) */
+  int persistent;    /* KVT_TIER_PERSISTENT: survives a restart (nvme, redis, fabric) */
+  int shared;        /* KVT_TIER_SHARED: other processes write it too (redis, fabric) */
   uint64_t capacity; /* from the tier's stats at open */
   uint64_t overhead, granule; /* what a payload costs there (kvt_tier_stats) */
   uint64_t used;     /* bytes held or reserved by a put in progress, as the
@@ -113,20 +113,19 @@ void cache_add_copy(kvt_cache *c, centry *e, int t, uint64_t old_stamp);
 /* Forgets tier t's copy (bit, items, LRU; not used). */
 void cache_forget_copy(kvt_cache *c, centry *e, int t);
 
-/* The background mover (tiers/cache.c): start at open, stop before the
+/* The background mover (cache/cache.c): start at open, stop before the
  * tiers close; cache_mover_poke (mu held) wakes it when tier u passed its
  * mark. */
 int cache_mover_start(kvt_cache *c);
 void cache_mover_stop(kvt_cache *c);
 void cache_mover_poke(kvt_cache *c, int u);
 
-/* Sets each tier's link from config.links or its scheme (tiers/cache_plan.c). */
+/* Sets each tier's link from config.links or its traits (cache/cache_plan.c). */
 int cache_links_set(kvt_cache *c, const char *links);
 
-/* Shared tiers (tiers/cache_shared.c): whether a spec names one, and the
- * keys of keys[0..n) the index misses, asked of them and indexed where found
- * (mu NOT held; returns how many were indexed). */
-int cache_spec_shared(const char *spec);
+/* Shared tiers (cache/cache_shared.c, KVT_TIER_SHARED): the keys of
+ * keys[0..n) the index misses, asked of them and indexed where found (mu NOT
+ * held; returns how many were indexed). */
 size_t cache_discover(kvt_cache *c, const kvt_key *keys, size_t n);
 
 /* Frees the spare buffers (close). */

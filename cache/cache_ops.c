@@ -1,6 +1,6 @@
 /* cache/cache_ops.c - the cache's public calls (kvtier/cache.h): open and
  * close, put, get with promotion, prefix lookup, delete and stats. The
- * machinery they share is in tiers/cache.c. */
+ * machinery they share is in cache/cache.c. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -13,23 +13,6 @@
 #define LOOKUP_BATCH 64
 
 /* ---- open and close ------------------------------------------------------- */
-
-/* Whether a spec names a tier that survives a restart: the scheme after any
- * decorators ("fault:RULES@", "trace@"). */
-static int spec_persistent(const char *spec) {
-  const char *s = spec;
-  while (!strncmp(s, "fault:", 6) || !strncmp(s, "trace@", 6)) {
-    const char *at = strchr(s, '@');
-    if (!at)
-      break;
-    s = at + 1;
-  }
-  static const char *const persistent[] = {"nvme:", "redis:", "redis+cluster:", "fabric:"};
-  for (size_t i = 0; i < sizeof(persistent) / sizeof(persistent[0]); i++)
-    if (!strncmp(s, persistent[i], strlen(persistent[i])))
-      return 1;
-  return 0;
-}
 
 typedef struct restore_ctx {
   kvt_cache *c;
@@ -89,8 +72,9 @@ static int open_one(kvt_cache *c, const char *spec, const char *list) {
   T->capacity = s.capacity;
   T->overhead = s.item_overhead;
   T->granule = s.granule;
-  T->persistent = spec_persistent(spec);
-  T->shared = cache_spec_shared(spec);
+  const uint32_t traits = kvt_tier_traits(T->tier);
+  T->persistent = (traits & KVT_TIER_PERSISTENT) != 0;
+  T->shared = (traits & KVT_TIER_SHARED) != 0;
   c->nshared += T->shared;
   return 0;
 }

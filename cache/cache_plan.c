@@ -9,20 +9,14 @@
 
 #define PLAN_BATCH 64
 
-/* The default link of a tier, by its scheme after any decorators. */
-static const char *default_link(const char *spec) {
-  const char *s = spec;
-  while (!strncmp(s, "fault:", 6) || !strncmp(s, "trace@", 6)) {
-    const char *at = strchr(s, '@');
-    if (!at)
-      break;
-    s = at + 1;
-  }
-  if (!strncmp(s, "hbm:", 4))
+/* The default link of a tier, by what it is. */
+static const char *default_link(const kvt_tier *tier) {
+  const uint32_t tr = kvt_tier_traits(tier);
+  if (tr & KVT_TIER_DEVICE)
     return "hbm3-h100"; /* already on the GPU: the load kernel reads HBM */
-  if (!strncmp(s, "dram:", 5))
+  if (tr & KVT_TIER_HOST_MEMORY)
     return "pcie5-x16";
-  if (!strncmp(s, "nvme:", 5))
+  if ((tr & KVT_TIER_PERSISTENT) && !(tr & KVT_TIER_REMOTE))
     return "nvme-gen4";
   return "rdma-200g";
 }
@@ -34,7 +28,7 @@ static int parse_link(kvt_cache *c, int t, const char *text, size_t len) {
     return kvt_fail(c->ctx, -EINVAL, "cache: link '%.*s' of tier %d: too long", (int)len, text, t);
   memcpy(buf, text, len);
   buf[len] = 0;
-  const char *name = len ? buf : default_link(kvt_tier_spec(c->t[t].tier));
+  const char *name = len ? buf : default_link(c->t[t].tier);
   const kvt_link *l = kvt_link_find(name);
   if (l) {
     c->t[t].link_Bps = l->GBps * 1e9;

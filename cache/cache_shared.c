@@ -14,18 +14,6 @@
 
 #define DISCOVER_BATCH 64
 
-int cache_spec_shared(const char *spec) {
-  const char *s = spec;
-  while (!strncmp(s, "fault:", 6) || !strncmp(s, "trace@", 6)) {
-    const char *at = strchr(s, '@');
-    if (!at)
-      break;
-    s = at + 1;
-  }
-  return !strncmp(s, "redis:", 6) || !strncmp(s, "redis+cluster:", 14) ||
-         !strncmp(s, "fabric:", 7);
-}
-
 /* Indexes tier t's copy of key (len bytes) unless the index knows better
  * (mu held). Returns 0 or -ENOMEM. */
 static int adopt(kvt_cache *c, const kvt_key *key, uint64_t len, int t) {

@@ -1,12 +1,13 @@
-/* core/key_index.h - the key index (dram and nvme tiers): a hash
- * table from a chunk key to a small entry, open addressing with linear
- * probing and backward-shift deletion, power-of-two size, load at most 3/4.
+/* core/key_index.h - the one key index of the library (the dram and nvme
+ * tiers, the cache, the server): a hash table from a chunk key to a small
+ * entry, open addressing with linear probing and backward-shift deletion,
+ * power-of-two size, load at most 3/4.
  *
- * Not thread-safe: each tier guards its index with its own lock. Growth
- * happens only in kvt_index_reserve, so a tier reserves room before work it
+ * Not thread-safe: each user guards its index with its own lock. Growth
+ * happens only in kvt_index_reserve, so a user reserves room before work it
  * cannot undo (a rename, a copied payload) and publishing never fails. */
-#ifndef KVT_TIER_INDEX_H
-#define KVT_TIER_INDEX_H
+#ifndef KVT_KEY_INDEX_H
+#define KVT_KEY_INDEX_H
 
 #include <stdint.h>
 
@@ -16,7 +17,10 @@
 typedef struct kvt_index_entry {
   kvt_key key;
   uint64_t len;  /* payload bytes */
-  uint64_t off;  /* the tier's: dram block offset; nvme bytes on disk */
+  union {
+    uint64_t off; /* the tier's: dram block offset; nvme bytes on disk */
+    void *ref;    /* an index over the user's own entries (cache, server): the entry */
+  };
   uint32_t slab; /* the tier's: dram slab */
   uint16_t pin;  /* the tier's: dram pin record + 1 */
   uint8_t live;  /* 0: an empty slot */

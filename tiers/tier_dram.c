@@ -24,7 +24,7 @@
  * that fails to pin stays ordinary memory, with a warning.
  *
  * The hbm tier (tiers/tier_hbm.c) is this allocator over device memory: its
- * slabs come from kvt_hbm_alloc and payloads are copied with kvt_hbm_copy. */
+ * slabs and copies come from the kvt_dram_mem it hands over. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -74,7 +74,7 @@ typedef struct slab {
   int pinned;  /* registered with CUDA */
 } slab;
 
-/* Index entries (tier_index.h) use off and slab for the block, and pin:
+/* Index entries (key_index.h) use off and slab for the block, and pin:
  * 1 + index of its pin record, 0 when no reader holds it. */
 typedef kvt_index_entry entry;
 
@@ -106,15 +106,16 @@ struct kvt_dram {
   uint8_t free_pins[NPINS];
   unsigned n_free_pins;
   int hbm;               /* the hbm tier: slabs are device memory on device `dev` */
+  const kvt_dram_mem *mem; /* hbm: where device slabs come from */
   int dev;
   int pin_slabs;         /* register new slabs with CUDA */
   int pin_warned;        /* a registration failed once: said so */
   uint64_t pinned_bytes; /* slab bytes registered */
 };
 
-/* ---- memory: host, or device for the hbm tier (tiers/tier_hbm.c) ----------- */
+/* ---- memory: host, or device for the hbm tier (kvt_dram_mem) ---------------- */
 
-/* Copies len bytes: memcpy for host slabs, kvt_hbm_copy for device slabs.
+/* Copies len bytes: memcpy for host slabs, the device memory's copy for device slabs.
  * Returns 0 or -EIO (a CUDA error). */
 static int mem_copy(dram *d, void *dst, const void *src, uint64_t len) {
   if (!len)
@@ -123,7 +124,7 @@ static int mem_copy(dram *d, void *dst, const void *src, uint64_t len) {
     memcpy(dst, src, (size_t)len);
     return 0;
   }
-  return kvt_hbm_copy(d->dev, dst, src, len);
+  return d->mem->copy(d->dev, dst, src, len);
 }
 
 /* ---- slab allocator --------------------------------------------------------- */
@@ -153,7 +154,7 @@ static void slab_release(dram *d, slab *s) {
     d->pinned_bytes -= s->size;
   }
   if (d->hbm) {
-    kvt_hbm_free(d->dev, s->base);
+    d->mem->free(d->dev, s->base);
   } else {
     UNPOISON(s->base, s->size);
     kvt_dealloc(d->ctx, s->base);
@@ -209,10 +210,10 @@ static int slab_add(dram *d, uint64_t need, uint32_t *out) {
   if (rc)
     return rc;
   slab *s = &d->slabs[i];
-  s->base = d->hbm ? kvt_hbm_alloc(d->dev, size) : kvt_alloc(d->ctx, (size_t)size, SLAB_ALIGN);
+  s->base = d->hbm ? d->mem->alloc(d->dev, size) : kvt_alloc(d->ctx, (size_t)size, SLAB_ALIGN);
   if (!s->base || ext_reserve(d, s, 2) != 0) {
     if (d->hbm)
-      kvt_hbm_free(d->dev, s->base);
+      d->mem->free(d->dev, s->base);
     else
       kvt_dealloc(d->ctx, s->base);
     kvt_dealloc(d->ctx, s->ext);
@@ -580,8 +581,9 @@ dram *kvt_dram_new(kvt_ctx *ctx, kvt_tier *tier, uint64_t cap) {
   return d;
 }
 
-void kvt_dram_use_device(dram *d, int dev) {
+void kvt_dram_use_device(dram *d, const kvt_dram_mem *mem, int dev) {
   d->hbm = 1;
+  d->mem = mem;
   d->dev = dev;
   /* Device slabs of up to 256 MiB: fewer cudaMalloc calls, all freed on close. */
   d->slab_size = (d->capacity < 4 * SLAB_MAX ? d->capacity : 4 * SLAB_MAX) & ~(uint64_t)(GRANULE - 1);
@@ -739,7 +741,18 @@ void kvt_dram_abort(void *state, kvt_tier_reservation *res) {
 }
 
 const kvt_tier_backend kvt_tier_backend_dram = {
-    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "dram", dram_open, kvt_dram_close,
-    kvt_dram_submit, NULL, kvt_dram_stats, kvt_dram_list, kvt_dram_borrow, kvt_dram_unborrow,
-    kvt_dram_reserve, kvt_dram_publish, kvt_dram_abort,
+    .abi_version = KVT_TIER_ABI_VERSION,
+    .struct_size = sizeof(kvt_tier_backend),
+    .scheme = "dram",
+    .open = dram_open,
+    .close = kvt_dram_close,
+    .submit = kvt_dram_submit,
+    .stats = kvt_dram_stats,
+    .list = kvt_dram_list,
+    .borrow = kvt_dram_borrow,
+    .unborrow = kvt_dram_unborrow,
+    .reserve = kvt_dram_reserve,
+    .publish = kvt_dram_publish,
+    .abort = kvt_dram_abort,
+    .traits = KVT_TIER_HOST_MEMORY,
 };

@@ -1,7 +1,7 @@
 /* tiers/tier_hbm.c - the "hbm" tier (hbm:DEV:SIZE): payloads kept in device
  * memory of one CUDA device, by the dram tier's slab allocator (tier_dram.h)
- * over slabs from cudaMalloc. Built into every library; without CUDA it only
- * provides the device calls, which fail, and the registry has no hbm. */
+ * over slabs from cudaMalloc. Without CUDA this file is empty and the
+ * registry has no hbm. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -11,21 +11,23 @@
 #ifdef KVT_HAVE_CUDA
 #include "kvt_gpu_layout.h" /* kvt_gpurt_*: the CUDA runtime, behind C wrappers */
 
-void *kvt_hbm_alloc(int dev, uint64_t size) {
+static void *hbm_alloc(int dev, uint64_t size) {
   void *p = NULL;
   if (kvt_gpurt_set_device(dev) || kvt_gpurt_malloc(&p, (size_t)size))
     return NULL;
   return p;
 }
 
-void kvt_hbm_free(int dev, void *p) {
+static void hbm_free(int dev, void *p) {
   if (p && !kvt_gpurt_set_device(dev))
     kvt_gpurt_free(p);
 }
 
-int kvt_hbm_copy(int dev, void *dst, const void *src, uint64_t len) {
+static int hbm_copy(int dev, void *dst, const void *src, uint64_t len) {
   return kvt_gpurt_set_device(dev) || kvt_gpurt_copy_default(dst, src, (size_t)len) ? -EIO : 0;
 }
+
+static const kvt_dram_mem hbm_mem = {hbm_alloc, hbm_free, hbm_copy};
 
 /* hbm:DEV:SIZE - the dram allocator over device memory of CUDA device DEV. */
 static int hbm_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
@@ -44,7 +46,7 @@ static int hbm_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state
   kvt_dram *d = kvt_dram_new(ctx, tier, cap);
   if (!d)
     return kvt_fail(ctx, -ENOMEM, "hbm tier: allocating its state");
-  kvt_dram_use_device(d, (int)dev);
+  kvt_dram_use_device(d, &hbm_mem, (int)dev);
   kvt_logf(ctx, KVT_LOG_INFO, "hbm tier: %llu bytes of device %ld in slabs of %llu",
            (unsigned long long)cap, dev, (unsigned long long)kvt_dram_slab_size(d));
   *state = d;
@@ -52,25 +54,20 @@ static int hbm_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state
 }
 
 const kvt_tier_backend kvt_tier_backend_hbm = {
-    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "hbm", hbm_open, kvt_dram_close,
-    kvt_dram_submit, NULL, kvt_dram_stats, kvt_dram_list, kvt_dram_borrow, kvt_dram_unborrow,
-    kvt_dram_reserve, kvt_dram_publish, kvt_dram_abort,
+    .abi_version = KVT_TIER_ABI_VERSION,
+    .struct_size = sizeof(kvt_tier_backend),
+    .scheme = "hbm",
+    .open = hbm_open,
+    .close = kvt_dram_close,
+    .submit = kvt_dram_submit,
+    .stats = kvt_dram_stats,
+    .list = kvt_dram_list,
+    .borrow = kvt_dram_borrow,
+    .unborrow = kvt_dram_unborrow,
+    .reserve = kvt_dram_reserve,
+    .publish = kvt_dram_publish,
+    .abort = kvt_dram_abort,
+    .traits = KVT_TIER_DEVICE,
 };
-
-#else
-
-void *kvt_hbm_alloc(int dev, uint64_t size) {
-  (void)dev, (void)size;
-  return NULL;
-}
-
-void kvt_hbm_free(int dev, void *p) {
-  (void)dev, (void)p;
-}
-
-int kvt_hbm_copy(int dev, void *dst, const void *src, uint64_t len) {
-  (void)dev, (void)dst, (void)src, (void)len;
-  return -EIO;
-}
 
 #endif

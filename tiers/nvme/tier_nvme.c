@@ -773,7 +773,14 @@ int nvme_submit(void *state, kvt_tier_op *op) {
 #endif
 
 const kvt_tier_backend kvt_tier_backend_nvme = {
-    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "nvme", nvme_open, nvme_close, nvme_submit,
-    nvme_progress, nvme_stats, nvme_list, NULL, NULL, /* files: no loans */
-    NULL, NULL, NULL,
+    .abi_version = KVT_TIER_ABI_VERSION,
+    .struct_size = sizeof(kvt_tier_backend),
+    .scheme = "nvme",
+    .open = nvme_open,
+    .close = nvme_close,
+    .submit = nvme_submit,
+    .progress = nvme_progress,
+    .stats = nvme_stats,
+    .list = nvme_list,
+    .traits = KVT_TIER_PERSISTENT,
 };

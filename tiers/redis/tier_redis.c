@@ -422,6 +422,7 @@ const kvt_tier_backend kvt_tier_backend_redis = {
     .submit = redis_submit,
     .stats = redis_stats,
     .list = rd_list,
+    .traits = KVT_TIER_PERSISTENT | KVT_TIER_SHARED | KVT_TIER_REMOTE,
 };
 
 const kvt_tier_backend kvt_tier_backend_redis_cluster = {
@@ -433,4 +434,5 @@ const kvt_tier_backend kvt_tier_backend_redis_cluster = {
     .submit = redis_submit,
     .stats = redis_stats,
     .list = rd_list,
+    .traits = KVT_TIER_PERSISTENT | KVT_TIER_SHARED | KVT_TIER_REMOTE,
 };

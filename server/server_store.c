@@ -37,6 +37,10 @@
  * owner index would avoid that and is not done yet). GET, EXISTS and DEL
  * need no owner: they derive the internal key.
  *
+ * Index: the library's key index (core/key_index.h) from the internal key
+ * to an entry on the context's heap; entries are allocated and freed under
+ * the store's lock.
+ *
  * Concurrency: one mutex over the index; tier I/O runs outside it. An entry
  * has readers (GETs copying it) and at most one writer (PUT, DEL, eviction,
  * a reserved PUT's commit), which waits for the readers to finish. A
@@ -49,8 +53,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "key_index.h"
 #include "kvt_internal.h"
 #include "server_internal.h"
+#include "tier_internal.h"
 
 #define REC_MAGIC 0x5254564Bu /* "KVTR" */
 #define REC_VERSION 1u
@@ -64,7 +70,6 @@ typedef struct entry {
   int tenant;
   uint32_t readers;
   uint8_t busy, live, in_top, in_bottom;
-  struct entry *hnext;
   struct entry *lru_prev, *lru_next; /* head: most recent */
   struct entry *t_prev, *t_next;     /* the tenant's keys in seq order */
 } entry;
@@ -93,8 +98,7 @@ struct kvt_srv_store {
   int n_tenants;
   pthread_mutex_t mu;
   pthread_cond_t cv; /* an entry's busy or readers went down */
-  entry **buckets;
-  size_t n_buckets, items;
+  kvt_index ix;      /* internal key -> entry (ref); every entry, live or being written */
   entry *lru_head, *lru_tail;
   tlist *tl; /* per tenant */
   uint64_t next_seq;
@@ -126,46 +130,25 @@ static int rec_valid(const uint8_t *rec) {
 
 /* ---- index ---- */
 
-static size_t bucket_of(const kvt_srv_store *st, const kvt_key *k) {
-  return (size_t)(kvt_ld64(k->bytes) & (st->n_buckets - 1));
-}
-
+/* Entries live on the context's heap (allocated under the store's lock);
+ * the index maps an internal key to its entry. */
 static entry *find(kvt_srv_store *st, const kvt_key *ikey) {
-  for (entry *e = st->buckets[bucket_of(st, ikey)]; e; e = e->hnext)
-    if (memcmp(e->ikey.bytes, ikey->bytes, 16) == 0)
-      return e;
-  return NULL;
+  const kvt_index_entry *x = kvt_index_find(&st->ix, ikey);
+  return x ? x->ref : NULL;
 }
 
-static void grow(kvt_srv_store *st) {
-  const size_t nb = st->n_buckets * 2;
-  entry **b = calloc(nb, sizeof(*b));
-  if (!b)
-    return; /* longer chains, still correct */
-  for (size_t i = 0; i < st->n_buckets; i++)
-    for (entry *e = st->buckets[i], *next; e; e = next) {
-      next = e->hnext;
-      const size_t j = (size_t)(kvt_ld64(e->ikey.bytes) & (nb - 1));
-      e->hnext = b[j];
-      b[j] = e;
-    }
-  free(st->buckets);
-  st->buckets = b;
-  st->n_buckets = nb;
-}
-
+/* A new entry for ikey (absent), indexed; NULL when out of memory. */
 static entry *insert(kvt_srv_store *st, const kvt_key *ikey) {
-  entry *e = calloc(1, sizeof(*e));
+  if (kvt_index_reserve(&st->ix, st->ix.items + 1) != 0)
+    return NULL;
+  entry *e = kvt_alloc(st->ctx, sizeof(*e), _Alignof(entry));
   if (!e)
     return NULL;
-  if (st->items + 1 > st->n_buckets)
-    grow(st);
+  memset(e, 0, sizeof(*e));
   e->ikey = *ikey;
   e->tenant = UNRESOLVED;
-  const size_t b = bucket_of(st, ikey);
-  e->hnext = st->buckets[b];
-  st->buckets[b] = e;
-  st->items++;
+  int fresh = 0;
+  kvt_index_upsert(&st->ix, ikey, &fresh)->ref = e;
   return e;
 }
 
@@ -232,17 +215,13 @@ static void tenant_unlink(kvt_srv_store *st, entry *e) {
 }
 
 static void remove_entry(kvt_srv_store *st, entry *e) {
-  entry **pp = &st->buckets[bucket_of(st, &e->ikey)];
-  while (*pp != e)
-    pp = &(*pp)->hnext;
-  *pp = e->hnext;
+  kvt_index_remove(&st->ix, kvt_index_find(&st->ix, &e->ikey));
   lru_unlink(st, e);
   if (e->live)
     tenant_unlink(st, e);
   if (e->tenant == UNRESOLVED && e->live)
     st->unresolved--;
-  st->items--;
-  free(e);
+  kvt_dealloc(st->ctx, e);
 }
 
 static void release_write(kvt_srv_store *st, entry *e) {
@@ -674,14 +653,15 @@ static void resolve_owners(kvt_srv_store *st) {
     }
     entry *e = NULL;
     int in_use = 0;
-    for (size_t b = 0; b < st->n_buckets && !e; b++)
-      for (entry *x = st->buckets[b]; x && !e; x = x->hnext)
-        if (x->live && x->tenant == UNRESOLVED) {
-          if (!x->busy && !x->readers)
-            e = x;
-          else
-            in_use = 1;
-        }
+    /* Every live entry is on the LRU list; those indexed at open, and not
+     * used since, at its cold end. */
+    for (entry *x = st->lru_tail; x && !e; x = x->lru_prev)
+      if (x->live && x->tenant == UNRESOLVED) {
+        if (!x->busy && !x->readers)
+          e = x;
+        else
+          in_use = 1;
+      }
     if (!e) {
       if (in_use) /* being read or written: wait for it, then look again */
         pthread_cond_wait(&st->cv, &st->mu);
@@ -694,9 +674,9 @@ static void resolve_owners(kvt_srv_store *st) {
     const uint64_t len = e->len;
     pthread_mutex_unlock(&st->mu);
     if (cap < SRV_REC_HDR + len) {
-      free(buf);
+      kvt_dealloc(st->ctx, buf);
       cap = SRV_REC_HDR + len;
-      buf = malloc(cap);
+      buf = kvt_alloc(st->ctx, cap, 64);
     }
     const int rc = buf ? read_record(st, e, 0, buf, len) : -ENOMEM;
     pthread_mutex_lock(&st->mu);
@@ -711,7 +691,7 @@ static void resolve_owners(kvt_srv_store *st) {
     release_write(st, e);
     pthread_mutex_unlock(&st->mu);
   }
-  free(buf);
+  kvt_dealloc(st->ctx, buf);
 }
 
 int kvt_srv_store_list(kvt_srv_store *st, int tenant, uint64_t cursor, kvt_proto_list_entry *out,
@@ -758,7 +738,7 @@ void kvt_srv_store_stats(kvt_srv_store *st, int tenant, uint64_t v[KVT_STAT_COUN
   tier_usage(st->bottom, &v[KVT_STAT_CAPACITY], &v[KVT_STAT_USED]);
   tier_usage(st->top, &v[KVT_STAT_DRAM_CAPACITY], &v[KVT_STAT_DRAM_USED]);
   pthread_mutex_lock(&st->mu);
-  v[KVT_STAT_ITEMS] = st->items;
+  v[KVT_STAT_ITEMS] = st->ix.items;
   if (tenant >= 0) {
     v[KVT_STAT_TENANT_ITEMS] = st->tl[tenant].items;
     v[KVT_STAT_TENANT_BYTES] = st->tl[tenant].bytes;
@@ -790,9 +770,12 @@ static int rebuild_one(void *opaque, const kvt_key *key, uint64_t len) {
   if (len < SRV_REC_HDR) {
     if (r->n_stale == r->cap_stale) {
       const size_t cap = r->cap_stale ? r->cap_stale * 2 : 64;
-      kvt_key *k = realloc(r->stale, cap * sizeof(*k));
+      kvt_key *k = kvt_alloc(st->ctx, cap * sizeof(*k), _Alignof(kvt_key));
       if (!k)
         return 0;
+      if (r->n_stale)
+        memcpy(k, r->stale, r->n_stale * sizeof(*k));
+      kvt_dealloc(st->ctx, r->stale);
       r->stale = k;
       r->cap_stale = cap;
     }
@@ -811,7 +794,14 @@ static int rebuild_one(void *opaque, const kvt_key *key, uint64_t len) {
   return 0;
 }
 
-/* Splits "A;B" into at most two tier specs (a ';' followed by a scheme). */
+/* Whether s starts a tier spec: a compiled-in scheme, then ':' or '@'. */
+static int starts_spec(const char *s) {
+  const size_t n = strcspn(s, ":@;");
+  return n && (s[n] == ':' || s[n] == '@') && kvt_tier_scheme_known(s, n);
+}
+
+/* Splits "A;B" into at most two tier specs (a ';' followed by a scheme: the
+ * ';' between a fault decorator's rules stays inside its spec). */
 static int split_tiers(const char *spec, char parts[2][1024]) {
   int n = 0;
   const char *p = spec;
@@ -819,8 +809,7 @@ static int split_tiers(const char *spec, char parts[2][1024]) {
     const char *semi = p;
     for (;;) {
       semi = strchr(semi, ';');
-      if (!semi || strncmp(semi + 1, "dram:", 5) == 0 || strncmp(semi + 1, "nvme:", 5) == 0 ||
-          strncmp(semi + 1, "fault:", 6) == 0 || strncmp(semi + 1, "trace@", 6) == 0)
+      if (!semi || starts_spec(semi + 1))
         break;
       semi++;
     }
@@ -843,16 +832,19 @@ int kvt_srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const kvt_
     snprintf(err, err_cap, "--tiers '%s': expected one tier or two separated by ';'", spec);
     return -EINVAL;
   }
-  kvt_srv_store *st = calloc(1, sizeof(*st));
-  if (!st || !(st->buckets = calloc(1024, sizeof(entry *))) ||
-      !(st->tl = calloc((size_t)(n_tenants ? n_tenants : 1), sizeof(tlist)))) {
-    if (st)
-      free(st->buckets);
-    free(st);
+  const size_t tl_size = (size_t)(n_tenants ? n_tenants : 1) * sizeof(tlist);
+  kvt_srv_store *st = kvt_alloc(ctx, sizeof(*st), 64);
+  tlist *tl = kvt_alloc(ctx, tl_size, _Alignof(tlist));
+  if (!st || !tl) {
+    kvt_dealloc(ctx, st);
+    kvt_dealloc(ctx, tl);
     snprintf(err, err_cap, "out of memory");
     return -ENOMEM;
   }
-  st->n_buckets = 1024;
+  memset(st, 0, sizeof(*st));
+  memset(tl, 0, tl_size);
+  st->tl = tl;
+  kvt_index_init(&st->ix, ctx);
   st->ctx = ctx;
   st->evict = evict_lru;
   st->tenants = tenants;
@@ -866,9 +858,11 @@ int kvt_srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const kvt_
       snprintf(err, err_cap, "tier '%s': %s", parts[i], kvt_ctx_last_error(ctx));
   st->top = n == 2 ? t[0] : NULL;
   st->bottom = n == 2 ? t[1] : t[0];
-  /* Host memory only: the network side writes the header and RMAs into it. */
+  /* Host memory only: the network side writes the header and RMAs into it.
+   * (A decorated dram tier says host memory too, and refuses to reserve:
+   * its PUTs take the staging path, as before.) */
   kvt_tier_stats ts = {.struct_size = sizeof(ts)};
-  if (rc == 0 && strncmp(kvt_tier_spec(t[0]), "dram:", 5) == 0 &&
+  if (rc == 0 && (kvt_tier_traits(t[0]) & KVT_TIER_HOST_MEMORY) &&
       kvt_tier_stats_get(t[0], &ts) == 0) {
     st->res_tier = t[0];
     st->res_cap = ts.capacity / 2;
@@ -878,7 +872,7 @@ int kvt_srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const kvt_
     rc = 0; /* a tier that cannot list (none of ours): starts empty */
   for (size_t i = 0; rc == 0 && i < r.n_stale; i++)
     kvt_tier_del(st->bottom, &r.stale[i]);
-  free(r.stale);
+  kvt_dealloc(ctx, r.stale);
   if (rc) {
     if (!err[0])
       snprintf(err, err_cap, "indexing '%s': %s", parts[n - 1], kvt_strerror(rc));
@@ -896,14 +890,12 @@ void kvt_srv_store_close(kvt_srv_store *st) {
     return;
   kvt_tier_close(st->top);
   kvt_tier_close(st->bottom); /* each PUT was durable when acknowledged */
-  for (size_t b = 0; b < st->n_buckets; b++)
-    for (entry *e = st->buckets[b], *next; e; e = next) {
-      next = e->hnext;
-      free(e);
-    }
-  free(st->buckets);
-  free(st->tl);
+  for (uint64_t i = 0; i < st->ix.cap; i++)
+    if (st->ix.slots[i].live)
+      kvt_dealloc(st->ctx, st->ix.slots[i].ref);
+  kvt_index_free(&st->ix);
+  kvt_dealloc(st->ctx, st->tl);
   pthread_cond_destroy(&st->cv);
   pthread_mutex_destroy(&st->mu);
-  free(st);
+  kvt_dealloc(st->ctx, st);
 }

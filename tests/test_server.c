@@ -1,12 +1,11 @@
-/* tests/test_server.c - kvtier-server as its clients and operators see it,
- * run as a child process on 127.0.0.1 (tests/server_fixture.h): wrong tokens
- * refused at open, tenants isolated from each other, oversize requests
- * refused, eight clients at once, SIGTERM exits 0 and a restart finds the
- * NVMe values, kill -9 in the middle of a run never yields wrong bytes and
- * the clients recover, malformed messages and requests under sessions the
- * server never opened change nothing, stats by request and as Prometheus
- * text. Skips (77)
- * without kvtier-server or the provider. */
+/* tests/test_server.c - the server engine (kvtier/server.h) as its clients
+ * see it, run in this process on 127.0.0.1 (tests/server_fixture.c): the
+ * API's refusals and life cycle, wrong tokens refused at open, tenants
+ * isolated from each other, oversize requests refused, eight clients at
+ * once, a stop drains and a restart finds the NVMe values, a server gone
+ * and back, malformed messages and requests under sessions the server never
+ * opened change nothing, the counters by request. The program itself:
+ * test_server_program.c. Skips (77) without the provider. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -320,24 +319,6 @@ static void *client_main(void *arg) {
   return NULL;
 }
 
-static int run_stats_cli(const srv_fixture *f, char *out, size_t cap) {
-  char cmd[512];
-  snprintf(cmd, sizeof(cmd), "%s --stats 127.0.0.1:%d", SRV_BIN, f->port);
-  FILE *p = popen(cmd, "r");
-  if (!p)
-    return -1;
-  const size_t n = fread(out, 1, cap - 1, p);
-  out[n] = 0;
-  return pclose(p);
-}
-
-static uint64_t prom_value(const char *text, const char *name) {
-  char pat[128];
-  snprintf(pat, sizeof(pat), "\n%s ", name);
-  const char *at = strstr(text, pat);
-  return at ? strtoull(at + strlen(pat), NULL, 10) : UINT64_MAX;
-}
-
 static void test_eight_clients_at_once_each_get_their_own_bytes(void **state) {
   (void)state;
   srv_fixture f = {0};
@@ -355,21 +336,18 @@ static void test_eight_clients_at_once_each_get_their_own_bytes(void **state) {
   for (int i = 0; i < CLIENTS; i++)
     if (c[i].failed)
       fail_msg("client %d: %s (%s)", i, c[i].failed, kvt_err_name(c[i].rc));
-  static char text[16384];
-  assert_int_equal(run_stats_cli(&f, text, sizeof(text)), 0);
   /* Every value is held, or was dropped for room (the store is smaller
    * than what the clients put: --evict lru). */
-  assert_int_equal(prom_value(text, "kvtier_server_items") +
-                       prom_value(text, "kvtier_server_evictions_total"),
+  assert_int_equal(srv_stat(&f, "items") + srv_stat(&f, "evictions_total"),
                    (uint64_t)CLIENTS * ROUNDS * BATCH);
-  assert_true(prom_value(text, "kvtier_server_used_bytes") <= 256u << 20);
-  assert_true(prom_value(text, "kvtier_server_deferred_total") > 0); /* the bound held them */
+  assert_true(srv_stat(&f, "used_bytes") <= 256u << 20);
+  assert_true(srv_stat(&f, "deferred_total") > 0); /* the bound held them */
   srv_stop_cleanly(&f, 20);
 }
 
 /* ---- stats ---- */
 
-static void test_stats_request_and_prometheus_text(void **state) {
+static void test_stats_fetch_gives_the_servers_counters(void **state) {
   (void)state;
   srv_fixture f = {0};
   srv_set_args(&f, "--tiers", "dram:8MiB", NULL);
@@ -387,15 +365,97 @@ static void test_stats_request_and_prometheus_text(void **state) {
   assert_int_equal(s.capacity, 8u << 20);
   assert_int_equal(s.items, 3);
   assert_true(s.used >= 3 * sizeof(v));
-  static char text[16384];
-  assert_int_equal(run_stats_cli(&f, text, sizeof(text)), 0);
-  assert_non_null(strstr(text, "# TYPE kvtier_server_puts_total counter\n"));
-  assert_non_null(strstr(text, "# TYPE kvtier_server_capacity_bytes gauge\n"));
-  assert_int_equal(prom_value(text, "kvtier_server_puts_total"), 3);
-  assert_int_equal(prom_value(text, "kvtier_server_capacity_bytes"), 8u << 20);
-  assert_int_equal(prom_value(text, "kvtier_server_sessions"), 2); /* the tier's and --stats' */
+  assert_string_equal(kvt_server_stat_name(0), "capacity_bytes");
+  assert_null(kvt_server_stat_name(1000));
+  assert_int_equal(srv_stat(&f, "puts_total"), 3);
+  assert_int_equal(srv_stat(&f, "capacity_bytes"), 8u << 20);
+  assert_int_equal(srv_stat(&f, "sessions"), 2); /* the tier's and the fetch's */
+  /* With a tenant, its counters too; a wrong token is refused. */
+  char port[16];
+  snprintf(port, sizeof(port), "%d", f.port);
+  uint64_t c[64];
+  size_t n = 0;
+  assert_int_equal(kvt_server_stats_fetch(ctx, "127.0.0.1", port, NULL, "default", "", c, 64, &n),
+                   0);
+  assert_true(n > 4 && n < 64);
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(kvt_server_stat_name(i), "tenant_items"))
+      assert_int_equal(c[i], 3);
+  assert_int_equal(kvt_server_stats_fetch(ctx, "127.0.0.1", port, NULL, "default", "x", c, 64, &n),
+                   KVT_EAUTH);
+  assert_int_equal(n, 0);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), port));
   kvt_tier_close(t);
   srv_stop_cleanly(&f, 20);
+}
+
+/* ---- the API ---- */
+
+static void test_create_refuses_bad_configs_with_a_detail(void **state) {
+  (void)state;
+  static const struct {
+    const char *tiers, *tenant, *tenant2, *detail;
+    int workers;
+  } bad[] = {
+      {"dram:8MiB", "alice", NULL, "NAME:TOKEN", 0},
+      {"dram:8MiB", "al ice:x", NULL, "1-64", 0},
+      {"dram:8MiB", "alice:x", "alice:y", "twice", 0},
+      {"dram:1MiB;dram:1MiB;dram:1MiB", NULL, NULL, "two", 0},
+      {"bogus:1", NULL, NULL, "bogus", 0},
+      {"dram:8MiB", NULL, NULL, "workers", 300},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    const char *tenants[2] = {bad[i].tenant, bad[i].tenant2};
+    kvt_server_config cfg = KVT_SERVER_CONFIG_INIT;
+    cfg.listen_port = "0";
+    cfg.tiers = bad[i].tiers;
+    cfg.tenants = tenants;
+    cfg.n_tenants = bad[i].tenant2 ? 2 : bad[i].tenant ? 1 : 0;
+    cfg.workers = bad[i].workers;
+    kvt_server *srv = (kvt_server *)&cfg; /* untouched on failure */
+    assert_int_not_equal(kvt_server_create(ctx, &cfg, &srv), 0);
+    assert_ptr_equal(srv, (kvt_server *)&cfg);
+    if (!strstr(kvt_ctx_last_error(ctx), bad[i].detail))
+      fail_msg("case %zu: '%s' does not name '%s'", i, kvt_ctx_last_error(ctx), bad[i].detail);
+  }
+  kvt_server_config old = KVT_SERVER_CONFIG_INIT;
+  old.struct_size = sizeof(size_t);
+  kvt_server *srv = NULL;
+  assert_int_equal(kvt_server_create(ctx, &old, &srv), -EINVAL);
+  assert_int_equal(kvt_server_create(NULL, &old, &srv), -EINVAL);
+  assert_null(srv);
+  assert_int_equal(kvt_server_run(NULL), -EINVAL);
+  assert_int_equal(kvt_server_stop(NULL), -EINVAL);
+  assert_string_equal(kvt_server_provider(NULL), "");
+  kvt_server_destroy(NULL);
+  assert_true(kvt_server_tenant_valid("alice-1.b_c"));
+  assert_false(kvt_server_tenant_valid(""));
+  assert_false(kvt_server_tenant_valid("a:b"));
+}
+
+static void test_a_server_stopped_before_it_runs_returns_at_once(void **state) {
+  (void)state;
+  kvt_server_config cfg = KVT_SERVER_CONFIG_INIT;
+  cfg.listen_port = "0";
+  cfg.tiers = "dram:8MiB";
+  cfg.workers = 2;
+  kvt_server *srv = NULL;
+  assert_int_equal(kvt_server_create(ctx, &cfg, &srv), 0);
+  char host[64];
+  uint16_t port = 0;
+  assert_int_equal(kvt_server_address(srv, host, sizeof(host), &port), 0);
+  assert_string_equal(host, "127.0.0.1"); /* loopback unless told otherwise */
+  assert_true(port > 0);
+  assert_int_equal(kvt_server_address(srv, host, 3, &port), KVT_ENOBUFS);
+  assert_non_null(strstr(kvt_server_provider(srv), "tcp"));
+  assert_int_equal(kvt_server_stop(srv), 0);
+  assert_int_equal(kvt_server_stop(srv), 0); /* any number of times */
+  assert_int_equal(kvt_server_run(srv), 0);
+  assert_int_equal(kvt_server_run(srv), -EINVAL); /* a server runs once */
+  kvt_server_destroy(srv);
+  /* Created and destroyed without running. */
+  assert_int_equal(kvt_server_create(ctx, &cfg, &srv), 0);
+  kvt_server_destroy(srv);
 }
 
 /* ---- hostile peers ---- */
@@ -477,9 +537,20 @@ static void test_malformed_and_unauthenticated_requests_leave_the_server_serving
   srv_stop_cleanly(&f, 20);
 }
 
-/* ---- shutdown, restart, kill -9 ---- */
+/* ---- stop, restart ---- */
 
-static void test_sigterm_exits_0_and_a_restart_has_the_nvme_values(void **state) {
+static int64_t ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void test_stop_drains_and_a_restart_has_the_nvme_values(void **state) {
   (void)state;
   char dir[256], tiers[400];
   assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
@@ -524,167 +595,6 @@ static void test_sigterm_exits_0_and_a_restart_has_the_nvme_values(void **state)
   srv_rmdir(dir);
   free(v);
   free(got);
-}
-
-#define K_THREADS 4
-#define K_KEYS 16
-#define K_MAX (64 * 1024)
-#define K_HEAD 16
-
-typedef struct killer {
-  char spec[256];
-  uint32_t id;
-  atomic_int *stop;
-  atomic_uint *max_version; /* [K_KEYS] per thread: the highest version put (attempted) */
-  uint64_t ok_before, ok_after, errors, misses;
-  atomic_int *phase; /* 0 before the kill, 1 after the restart */
-  const char *wrong;
-  int64_t longest_ms;
-} killer;
-
-static uint64_t k_len(uint32_t id, uint32_t key, uint32_t ver) {
-  return K_HEAD + ((uint64_t)id * 7717 + key * 131 + ver * 977) % (K_MAX - K_HEAD);
-}
-
-static void k_value(uint8_t *p, uint32_t id, uint32_t key, uint32_t ver) {
-  const uint64_t n = k_len(id, key, ver);
-  memcpy(p, &id, 4);
-  memcpy(p + 4, &key, 4);
-  memcpy(p + 8, &ver, 4);
-  memset(p + 12, 0, 4);
-  fill(p + K_HEAD, n - K_HEAD, ((uint64_t)id << 40) | ((uint64_t)key << 20) | ver);
-}
-
-static int64_t ms_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* What a GET returned must be exactly one version ever put for that key. */
-static const char *k_check(const killer *w, uint32_t key, const uint8_t *got, uint64_t len,
-                           uint8_t *scratch) {
-  uint32_t id, k, ver;
-  if (len < K_HEAD)
-    return "short value";
-  memcpy(&id, got, 4);
-  memcpy(&k, got + 4, 4);
-  memcpy(&ver, got + 8, 4);
-  if (id != w->id || k != key || ver > atomic_load(&w->max_version[key]))
-    return "a value of another key, thread or a version never put";
-  if (len != k_len(id, k, ver))
-    return "wrong length for its version";
-  k_value(scratch, id, k, ver);
-  return memcmp(scratch, got, len) == 0 ? NULL : "bytes differ from what was put";
-}
-
-static void *killer_main(void *arg) {
-  killer *w = arg;
-  kvt_tier *t = NULL;
-  uint8_t *v = malloc(K_MAX), *got = malloc(K_MAX), *scratch = malloc(K_MAX);
-  uint32_t ver[K_KEYS] = {0};
-  kvt_ctx *own = NULL;
-  int rc = kvt_ctx_create(NULL, &own);
-  for (int i = 0; rc == 0 && i < 20; i++) { /* timeout_ms is short: a slow start may miss it */
-    if ((rc = kvt_tier_open(own, w->spec, &t)) == 0)
-      break;
-    if (i < 19)
-      rc = 0, nanosleep(&(struct timespec){0, 250000000}, NULL);
-  }
-  if (rc || !v || !got || !scratch) {
-    w->wrong = "open";
-    goto out;
-  }
-  for (uint32_t it = 0; !atomic_load(w->stop) && !w->wrong; it++) {
-    const uint32_t key = (it / 2) % K_KEYS; /* a PUT of a key, then a GET of it */
-    const kvt_key k = key_of(200 + w->id, key);
-    const int64_t t0 = ms_now();
-    if (it % 2 == 0) {
-      const uint32_t nv = ++ver[key];
-      atomic_store(&w->max_version[key], nv);
-      k_value(v, w->id, key, nv);
-      rc = kvt_tier_put(t, &k, v, k_len(w->id, key, nv));
-    } else {
-      uint64_t len = 0;
-      rc = kvt_tier_get(t, &k, got, K_MAX, &len);
-      if (rc == 0)
-        w->wrong = k_check(w, key, got, len, scratch);
-      w->misses += rc == KVT_ENOTFOUND;
-    }
-    const int64_t took = ms_now() - t0;
-    if (took > w->longest_ms)
-      w->longest_ms = took;
-    if (rc == 0)
-      __atomic_fetch_add(atomic_load(w->phase) ? &w->ok_after : &w->ok_before, 1,
-                         __ATOMIC_RELAXED); /* the main thread watches ok_before */
-    else if (rc != KVT_ENOTFOUND) {
-      w->errors++;
-      struct timespec ts = {0, 20000000};
-      nanosleep(&ts, NULL);
-    }
-  }
-out:
-  kvt_tier_close(t);
-  kvt_ctx_destroy(own);
-  free(v);
-  free(got);
-  free(scratch);
-  return NULL;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-static void test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover(void **state) {
-  (void)state;
-  char dir[256], tiers[400];
-  assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
-  snprintf(tiers, sizeof(tiers), "dram:4MiB;nvme:%s:256MiB", dir);
-  srv_fixture f = {0};
-  srv_set_args(&f, "--tiers", tiers, NULL);
-  srv_start_or_fail(&f);
-  atomic_int stop = 0, phase = 0;
-  static atomic_uint maxv[K_THREADS][K_KEYS];
-  killer w[K_THREADS];
-  pthread_t th[K_THREADS];
-  for (uint32_t i = 0; i < K_THREADS; i++) {
-    w[i] = (killer){.id = i, .stop = &stop, .max_version = maxv[i], .phase = &phase};
-    srv_spec(&f, w[i].spec, sizeof(w[i].spec), "default", "", 1000, NULL);
-    assert_int_equal(pthread_create(&th[i], NULL, killer_main, &w[i]), 0);
-  }
-  /* Kill once every client is well under way (slow builds take longer). */
-  for (int i = 0, all = 0; i < 300 && !all; i++) {
-    sleep_ms(100);
-    all = i >= 15;
-    for (int j = 0; j < K_THREADS; j++)
-      all = all && __atomic_load_n(&w[j].ok_before, __ATOMIC_RELAXED) >= 20;
-  }
-  srv_kill9(&f);
-  sleep_ms(1500); /* every client sees the server gone */
-  srv_start_or_fail(&f);
-  atomic_store(&phase, 1);
-  sleep_ms(3000);
-  atomic_store(&stop, 1);
-  for (int i = 0; i < K_THREADS; i++)
-    pthread_join(th[i], NULL);
-  for (int i = 0; i < K_THREADS; i++) {
-    print_message("client %d: %llu ok before the kill, %llu after the restart, %llu errors, "
-                  "%llu misses, longest op %lld ms\n",
-                  i, (unsigned long long)w[i].ok_before, (unsigned long long)w[i].ok_after,
-                  (unsigned long long)w[i].errors, (unsigned long long)w[i].misses,
-                  (long long)w[i].longest_ms);
-    if (w[i].wrong)
-      fail_msg("client %d: %s", i, w[i].wrong);
-    if (w[i].ok_before == 0 || w[i].ok_after == 0)
-      fail_msg("client %d: %llu ops ok before the kill, %llu after the restart", i,
-               (unsigned long long)w[i].ok_before, (unsigned long long)w[i].ok_after);
-    if (w[i].longest_ms > 5000) /* timeout_ms=1000 bounds every wait */
-      fail_msg("client %d: an op took %lld ms", i, (long long)w[i].longest_ms);
-  }
-  srv_stop_cleanly(&f, 20);
-  srv_rmdir(dir);
 }
 
 static void test_dead_server_fails_ops_and_the_same_tier_reconnects(void **state) {
@@ -737,15 +647,16 @@ int main(void) {
       cmocka_unit_test_teardown(test_wrong_token_or_unknown_tenant_is_refused_at_open, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_tenants_cannot_read_delete_or_list_each_others_keys, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_oversize_put_is_refused_with_etoobig, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_stats_request_and_prometheus_text, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_stats_fetch_gives_the_servers_counters, srv_kill_leftovers),
+      cmocka_unit_test(test_create_refuses_bad_configs_with_a_detail),
+      cmocka_unit_test(test_a_server_stopped_before_it_runs_returns_at_once),
       cmocka_unit_test_teardown(test_eight_clients_at_once_each_get_their_own_bytes, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_list_pages_show_every_held_key_once_while_keys_change,
                                 srv_kill_leftovers),
       cmocka_unit_test_teardown(
           test_malformed_and_unauthenticated_requests_leave_the_server_serving, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_sigterm_exits_0_and_a_restart_has_the_nvme_values, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_stop_drains_and_a_restart_has_the_nvme_values, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_dead_server_fails_ops_and_the_same_tier_reconnects, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover, srv_kill_leftovers),
   };
   return cmocka_run_group_tests_name("kvtier-server", tests, setup, teardown);
 }

@@ -73,8 +73,7 @@ typedef struct opts {
 static int add_tenant(opts *o, const char *spec, const char *where) {
   const char *colon = strchr(spec, ':');
   const size_t nl = colon ? (size_t)(colon - spec) : 0;
-  if (!colon || nl == 0 || nl > KVT_SERVER_TENANT_MAX ||
-      strlen(colon + 1) > KVT_SERVER_TOKEN_MAX) {
+  if (!colon || nl == 0 || nl > KVT_SERVER_TENANT_MAX || strlen(colon + 1) > KVT_SERVER_TOKEN_MAX) {
     fprintf(stderr, "kvtier-server: %s: '%s': expected NAME:TOKEN\n", where, spec);
     return -1;
   }
@@ -145,8 +144,7 @@ static int split_addr(const char *a, char *host, size_t hcap, char *port, size_t
 
 static int parse_size_opt(const char *name, const char *v, uint64_t *out) {
   if (!v || kvt_parse_size(v, out) != 0 || *out == 0) {
-    fprintf(stderr, "kvtier-server: %s '%s': expected a size, e.g. 64MiB\n", name,
-            v ? v : "");
+    fprintf(stderr, "kvtier-server: %s '%s': expected a size, e.g. 64MiB\n", name, v ? v : "");
     return -1;
   }
   return 0;

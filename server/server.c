@@ -13,7 +13,8 @@
 
 #include "server_net.h"
 
-_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "kvt_server_stop stores an atomic_int in a signal handler");
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2,
+               "kvt_server_stop stores an atomic_int in a signal handler");
 
 void kvt_srv_log(kvt_server *sv, int level, const char *fmt, ...) {
   if (!sv->log || level > sv->log_level)
@@ -60,8 +61,8 @@ static int take_config(kvt_server *sv, const kvt_server_config *cfg) {
     return kvt_fail(ctx, -EINVAL, "workers %d: 1 to 256", cfg->workers);
   if (cfg->evict != KVT_SERVER_EVICT_LRU && cfg->evict != KVT_SERVER_EVICT_NONE)
     return kvt_fail(ctx, -EINVAL, "evict %d: KVT_SERVER_EVICT_LRU or _NONE", cfg->evict);
-  int rc = copy_str(ctx, sv->host, sizeof(sv->host), cfg->listen_host ? cfg->listen_host : "127.0.0.1",
-                    "listen host");
+  int rc = copy_str(ctx, sv->host, sizeof(sv->host),
+                    cfg->listen_host ? cfg->listen_host : "127.0.0.1", "listen host");
   if (rc == 0)
     rc = copy_str(ctx, sv->port, sizeof(sv->port), cfg->listen_port ? cfg->listen_port : "7474",
                   "listen port");

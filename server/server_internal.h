@@ -13,7 +13,7 @@
 #include "kvtier.h"
 #include "kvtier/server.h"
 
-#define SRV_REC_HDR 32u        /* record header in front of every stored payload */
+#define SRV_REC_HDR 32u /* record header in front of every stored payload */
 #define SRV_MAX_TENANTS KVT_SERVER_MAX_TENANTS
 
 typedef struct kvt_srv_tenant {
@@ -32,12 +32,13 @@ typedef struct kvt_srv_store kvt_srv_store;
  * least recently used values (else a PUT that does not fit is -ENOSPC).
  * Returns 0 or an error with detail in err. */
 int kvt_srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const kvt_srv_tenant *tenants,
-                   int n_tenants, kvt_srv_store **out, char *err, size_t err_cap);
+                       int n_tenants, kvt_srv_store **out, char *err, size_t err_cap);
 void kvt_srv_store_close(kvt_srv_store *st);
 
 /* PUT: rec holds SRV_REC_HDR free bytes then len payload bytes; the header
  * is written here. Returns 0, -ENOSPC, or a tier's error. */
-int kvt_srv_store_put(kvt_srv_store *st, int tenant, const kvt_key *key, uint8_t *rec, uint64_t len);
+int kvt_srv_store_put(kvt_srv_store *st, int tenant, const kvt_key *key, uint8_t *rec,
+                      uint64_t len);
 
 /* PUT without a copy: the record's block reserved in the tier kvt_srv_store_put
  * would copy it into (a dram tier: the only one, or the first of two), for
@@ -63,7 +64,7 @@ typedef struct kvt_srv_put {
   uint64_t len;
 } kvt_srv_put;
 int kvt_srv_store_put_reserve(kvt_srv_store *st, int tenant, const kvt_key *key, uint64_t len,
-                          kvt_srv_put *p, uint8_t **rec);
+                              kvt_srv_put *p, uint8_t **rec);
 int kvt_srv_store_put_commit(kvt_srv_store *st, kvt_srv_put *p, int may_wait);
 void kvt_srv_store_put_abort(kvt_srv_store *st, kvt_srv_put *p);
 
@@ -96,7 +97,7 @@ int kvt_srv_store_del(kvt_srv_store *st, int tenant, const kvt_key *key);
 /* Up to max of the tenant's keys from cursor on (0: the start); *next is
  * the cursor of the next page, 0 when this one ended the walk. */
 int kvt_srv_store_list(kvt_srv_store *st, int tenant, uint64_t cursor, kvt_proto_list_entry *out,
-                   uint32_t max, uint32_t *n, uint64_t *next);
+                       uint32_t max, uint32_t *n, uint64_t *next);
 
 /* Fills the store's counters of v (KVT_STAT_*); tenant -1 for none. */
 void kvt_srv_store_stats(kvt_srv_store *st, int tenant, uint64_t v[KVT_STAT_COUNT]);
@@ -106,8 +107,8 @@ void kvt_srv_store_stats(kvt_srv_store *st, int tenant, uint64_t v[KVT_STAT_COUN
 typedef struct kvt_srv_config {
   const char *host, *port; /* listen address */
   const char *provider;
-  uint64_t max_request;    /* largest value, bytes */
-  uint64_t max_inflight;   /* payload bytes in flight per session */
+  uint64_t max_request;  /* largest value, bytes */
+  uint64_t max_inflight; /* payload bytes in flight per session */
   int workers;
   const kvt_srv_tenant *tenants;
   int n_tenants;

@@ -209,8 +209,7 @@ static int sess_hold(kvt_server *sv, sess *s) {
   (*t)++;
   if (s->tenant < 0)
     return *t <= STATS_REQ_MAX;
-  return s->outstanding <= SESS_REQ_MAX &&
-         (sv->cfg->n_tenants <= 1 || *t <= TENANT_REQ_MAX);
+  return s->outstanding <= SESS_REQ_MAX && (sv->cfg->n_tenants <= 1 || *t <= TENANT_REQ_MAX);
 }
 
 static void sess_unhold(kvt_server *sv, sess *s) {
@@ -404,9 +403,8 @@ static void post_rma(kvt_server *sv, sreq *r) {
     rc = kvt_fab_write(sv->fab, r->s->addr, r->src + r->rma_off, (size_t)chunk, r->lend_mr.desc,
                        raddr, r->req.u.data.rma_key, &r->actx);
   else
-    rc = kvt_fab_write(sv->fab, r->s->addr, r->stage->p + SRV_REC_HDR + r->rma_off,
-                       (size_t)chunk, r->stage->mr.desc, raddr, r->req.u.data.rma_key,
-                       &r->actx);
+    rc = kvt_fab_write(sv->fab, r->s->addr, r->stage->p + SRV_REC_HDR + r->rma_off, (size_t)chunk,
+                       r->stage->mr.desc, raddr, r->req.u.data.rma_key, &r->actx);
   if (rc == -EAGAIN) {
     defer_post(sv, r, P_RMA);
     return;
@@ -708,8 +706,11 @@ static void on_completion(kvt_server *sv, const kvt_fab_comp *c) {
 
 static int setup(kvt_server *sv) {
   char err[512];
-  kvt_fab_config fc = {.provider = sv->cfg->provider, .node = sv->cfg->host,
-                       .service = sv->cfg->port, .cq_depth = 4 * NREQ, .no_post_wait = 1};
+  kvt_fab_config fc = {.provider = sv->cfg->provider,
+                       .node = sv->cfg->host,
+                       .service = sv->cfg->port,
+                       .cq_depth = 4 * NREQ,
+                       .no_post_wait = 1};
   int rc = kvt_fab_open(&fc, &sv->fab, err, sizeof(err));
   if (rc)
     return kvt_fail(sv->ctx, rc, "opening the endpoint: %s", err);
@@ -836,14 +837,14 @@ int kvt_srv_net_open(kvt_server *sv) {
   sv->started = kvt_srv_now_s();
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  sv->salt = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^
-             (uint64_t)ts.tv_sec;
+  sv->salt =
+      (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)ts.tv_sec;
   pthread_mutex_init(&sv->mu, NULL);
   pthread_mutex_init(&sv->buf_mu, NULL);
   pthread_cond_init(&sv->cv, NULL);
   int rc = setup(sv);
   if (rc == 0 && !(sv->threads = kvt_alloc(sv->ctx, (size_t)sv->cfg->workers * sizeof(pthread_t),
-                                          sizeof(void *))))
+                                           sizeof(void *))))
     rc = kvt_fail(sv->ctx, -ENOMEM, "out of memory");
   for (int i = 0; rc == 0 && i < sv->cfg->workers; i++) {
     if (pthread_create(&sv->threads[i], NULL, kvt_srv_worker_main, sv) != 0) {

@@ -51,15 +51,15 @@ struct sreq {
   kvt_proto_msg req;
   sess *s;
   sbuf *stage;
-  kvt_srv_put put;        /* a PUT into its block in the DRAM tier: held while put.tier is set */
-  uint8_t *put_rec;   /* that block: the record, its payload after SRV_REC_HDR */
+  kvt_srv_put put;  /* a PUT into its block in the DRAM tier: held while put.tier is set */
+  uint8_t *put_rec; /* that block: the record, its payload after SRV_REC_HDR */
   kvt_fab_mr put_mr;
   uint64_t rma_off, rma_len; /* the transfer, in chunks of max_rma */
   int32_t status;
   uint64_t out_len, charge;
   uint64_t temp_addr; /* a refused HELLO's peer, removed after the reply: or KVT_FAB_ADDR_NONE */
   uint64_t new_session;
-  kvt_srv_get g;          /* a GET served from a lent record (lent): held until finish */
+  kvt_srv_get g; /* a GET served from a lent record (lent): held until finish */
   int lent;
   const uint8_t *src; /* the lent payload */
   kvt_fab_mr lend_mr;
@@ -68,8 +68,8 @@ struct sreq {
   uint64_t list_next;
   uint64_t stats[KVT_STAT_COUNT];
   sreq *next;
-  int pending;       /* P_*: what waits in the server's retry queue */
-  int hello_q;       /* a HELLO reply counted in hello_pending */
+  int pending; /* P_*: what waits in the server's retry queue */
+  int hello_q; /* a HELLO reply counted in hello_pending */
   size_t send_len;
   int64_t pending_since;
   sreq *pnext;
@@ -84,9 +84,9 @@ struct kvt_server {
   kvt_log_fn log;
   void *log_opaque;
   int log_level;
-  atomic_int stop;      /* kvt_server_stop: async-signal-safe (lock-free) */
-  int ran;              /* kvt_server_run was called */
-  int net_open;         /* kvt_srv_net_open succeeded in part: kvt_srv_net_close undoes it */
+  atomic_int stop; /* kvt_server_stop: async-signal-safe (lock-free) */
+  int ran;         /* kvt_server_run was called */
+  int net_open;    /* kvt_srv_net_open succeeded in part: kvt_srv_net_close undoes it */
   kvt_srv_store *st;
   kvt_fab *fab;
   uint8_t *pool;
@@ -105,7 +105,7 @@ struct kvt_server {
   int n_threads;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  sreq *job_head, *job_tail; /* for the workers */
+  sreq *job_head, *job_tail;   /* for the workers */
   sreq *done_head, *done_tail; /* back to the network thread */
   int stop_workers;
   /* Staging buffers. */

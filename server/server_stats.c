@@ -95,19 +95,20 @@ static int hello_stats(kvt_fab *f, uint64_t to, uint8_t *buf, void *desc, const 
   return rc;
 }
 
-int kvt_server_stats_fetch(kvt_ctx *ctx, const char *host, const char *port,
-                           const char *provider, const char *tenant, const char *token,
-                           uint64_t *values, size_t cap, size_t *count) {
+int kvt_server_stats_fetch(kvt_ctx *ctx, const char *host, const char *port, const char *provider,
+                           const char *tenant, const char *token, uint64_t *values, size_t cap,
+                           size_t *count) {
   if (!ctx || !host || !port || (!values && cap))
     return -EINVAL;
   kvt_clear_error(ctx);
-  if (tenant && (strlen(tenant) > KVT_PROTO_TENANT_MAX ||
-                 (token && strlen(token) > KVT_PROTO_TOKEN_MAX)))
+  if (tenant &&
+      (strlen(tenant) > KVT_PROTO_TENANT_MAX || (token && strlen(token) > KVT_PROTO_TOKEN_MAX)))
     return kvt_fail(ctx, -EINVAL, "tenant or token too long");
   char err[512];
   kvt_fab *f = NULL;
   kvt_fab_config fc = {.provider = provider ? provider : KVT_FAB_DEFAULT_PROVIDER,
-                       .peer_node = host, .peer_service = port};
+                       .peer_node = host,
+                       .peer_service = port};
   int rc = kvt_fab_open(&fc, &f, err, sizeof(err));
   if (rc)
     return kvt_fail(ctx, rc, "%s", err);

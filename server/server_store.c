@@ -90,8 +90,8 @@ typedef struct tlist {
 
 struct kvt_srv_store {
   kvt_ctx *ctx;
-  kvt_tier *top, *bottom; /* top == NULL with one tier */
-  kvt_tier *res_tier;     /* where PUTs may reserve their block: a dram top or only tier */
+  kvt_tier *top, *bottom;      /* top == NULL with one tier */
+  kvt_tier *res_tier;          /* where PUTs may reserve their block: a dram top or only tier */
   uint64_t res_bytes, res_cap; /* reserved now; at most half of res_tier ("Reserved PUTs") */
   int evict;
   const kvt_srv_tenant *tenants;
@@ -354,7 +354,8 @@ static void put_done(kvt_srv_store *st, entry *e, int tenant, const kvt_key *key
   release_write(st, e);
 }
 
-int kvt_srv_store_put(kvt_srv_store *st, int tenant, const kvt_key *key, uint8_t *rec, uint64_t len) {
+int kvt_srv_store_put(kvt_srv_store *st, int tenant, const kvt_key *key, uint8_t *rec,
+                      uint64_t len) {
   kvt_key ik;
   internal_key(st, tenant, key, &ik);
   rec_header(rec, st->tenants[tenant].tag, key);
@@ -384,7 +385,7 @@ int kvt_srv_store_put(kvt_srv_store *st, int tenant, const kvt_key *key, uint8_t
 /* ---- reserved PUTs ---- */
 
 int kvt_srv_store_put_reserve(kvt_srv_store *st, int tenant, const kvt_key *key, uint64_t len,
-                          kvt_srv_put *p, uint8_t **rec) {
+                              kvt_srv_put *p, uint8_t **rec) {
   p->tier = NULL;
   if (!st->res_tier)
     return KVT_ENOTSUP;
@@ -513,8 +514,8 @@ int kvt_srv_store_get_begin(kvt_srv_store *st, int tenant, const kvt_key *key, k
 /* Reads the record of e (len payload bytes) into rec and checks its header. */
 static int read_record(kvt_srv_store *st, entry *e, int from_top, uint8_t *rec, uint64_t len) {
   uint64_t got = 0;
-  const int rc = kvt_tier_get(from_top ? st->top : st->bottom, &e->ikey, rec, SRV_REC_HDR + len,
-                              &got);
+  const int rc =
+      kvt_tier_get(from_top ? st->top : st->bottom, &e->ikey, rec, SRV_REC_HDR + len, &got);
   if (rc)
     return rc;
   if (got != SRV_REC_HDR + len || !rec_valid(rec))
@@ -530,8 +531,8 @@ int kvt_srv_store_get_read(kvt_srv_store *st, kvt_srv_get *g, uint8_t *rec) {
   int rc = read_record(st, e, from_top, rec, g->len);
   if (rc && from_top) /* a copy that went bad: the bottom tier has the value */
     rc = read_record(st, e, 0, rec, g->len);
-  if (rc == 0 && (kvt_ld64(rec + 8) != st->tenants[g->tenant].tag ||
-                  memcmp(rec + 16, g->key.bytes, 16) != 0))
+  if (rc == 0 &&
+      (kvt_ld64(rec + 8) != st->tenants[g->tenant].tag || memcmp(rec + 16, g->key.bytes, 16) != 0))
     rc = KVT_EFOREIGN; /* never serve what is not the asker's */
   if (rc == 0 && st->top && !from_top &&
       put_with_room(st, st->top, e, rec, SRV_REC_HDR + g->len, 1) == 0) {
@@ -695,7 +696,7 @@ static void resolve_owners(kvt_srv_store *st) {
 }
 
 int kvt_srv_store_list(kvt_srv_store *st, int tenant, uint64_t cursor, kvt_proto_list_entry *out,
-                   uint32_t max, uint32_t *n, uint64_t *next) {
+                       uint32_t max, uint32_t *n, uint64_t *next) {
   resolve_owners(st);
   pthread_mutex_lock(&st->mu);
   tlist *t = &st->tl[tenant];
@@ -825,7 +826,7 @@ static int split_tiers(const char *spec, char parts[2][1024]) {
 }
 
 int kvt_srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const kvt_srv_tenant *tenants,
-                   int n_tenants, kvt_srv_store **out, char *err, size_t err_cap) {
+                       int n_tenants, kvt_srv_store **out, char *err, size_t err_cap) {
   char parts[2][1024];
   const int n = split_tiers(spec, parts);
   if (n < 1) {

@@ -37,16 +37,16 @@ int kvt_server_tenant_valid(const char *name) {
     return 0;
   for (size_t i = 0; i < n; i++) {
     const char c = name[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-          c == '.' || c == '_' || c == '-'))
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+          c == '_' || c == '-'))
       return 0;
   }
   return 1;
 }
 
-int kvt_server_stats_fetch(kvt_ctx *ctx, const char *host, const char *port,
-                           const char *provider, const char *tenant, const char *token,
-                           uint64_t *values, size_t cap, size_t *count) {
+int kvt_server_stats_fetch(kvt_ctx *ctx, const char *host, const char *port, const char *provider,
+                           const char *tenant, const char *token, uint64_t *values, size_t cap,
+                           size_t *count) {
   (void)provider, (void)tenant, (void)token;
   if (count)
     *count = 0;

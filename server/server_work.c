@@ -57,7 +57,7 @@ static void work(kvt_server *sv, sreq *r) {
   case KVT_PROTO_PUT:
     r->status = r->put.tier ? kvt_srv_store_put_commit(sv->st, &r->put, 1)
                             : kvt_srv_store_put(sv->st, tenant, &r->req.u.data.key, r->stage->p,
-                                            r->req.u.data.len);
+                                                r->req.u.data.len);
     break;
   case KVT_PROTO_GET:
     work_get(sv, r);
@@ -80,13 +80,13 @@ static void work(kvt_server *sv, sreq *r) {
     break;
   case KVT_PROTO_LIST: {
     if (!r->list)
-      r->list = kvt_alloc(sv->ctx, KVT_PROTO_LIST_MAX * sizeof(*r->list),
-                          _Alignof(kvt_proto_list_entry));
+      r->list =
+          kvt_alloc(sv->ctx, KVT_PROTO_LIST_MAX * sizeof(*r->list), _Alignof(kvt_proto_list_entry));
     const uint32_t max = r->req.u.list.max && r->req.u.list.max < KVT_PROTO_LIST_MAX
                              ? r->req.u.list.max
                              : KVT_PROTO_LIST_MAX;
     r->status = r->list ? kvt_srv_store_list(sv->st, tenant, r->req.u.list.cursor, r->list, max,
-                                         &r->list_n, &r->list_next)
+                                             &r->list_n, &r->list_next)
                         : -ENOMEM;
     break;
   }

@@ -346,8 +346,8 @@ uint64_t srv_stat(const srv_fixture *f, const char *name) {
 
 void srv_spec(const srv_fixture *f, char *buf, size_t cap, const char *tenant, const char *token,
               int timeout_ms, const char *extra) {
-  snprintf(buf, cap, "fabric://127.0.0.1:%d?tenant=%s&token=%s&timeout_ms=%d%s%s", f->port,
-           tenant, token, timeout_ms, extra && *extra ? "&" : "", extra ? extra : "");
+  snprintf(buf, cap, "fabric://127.0.0.1:%d?tenant=%s&token=%s&timeout_ms=%d%s%s", f->port, tenant,
+           token, timeout_ms, extra && *extra ? "&" : "", extra ? extra : "");
 }
 
 int srv_mkdtemp(char *dir, size_t cap) {

@@ -144,7 +144,7 @@ static void test_list_pages_show_every_held_key_once_while_keys_change(void **st
 
 /* ---- authentication and tenants ---- */
 
-static const char *two_tenants[] = {"--tiers", "dram:32MiB", "--tenant", "alice:secret-a",
+static const char *two_tenants[] = {"--tiers",  "dram:32MiB",   "--tenant", "alice:secret-a",
                                     "--tenant", "bob:secret-b", NULL};
 
 static void test_wrong_token_or_unknown_tenant_is_refused_at_open(void **state) {
@@ -261,8 +261,7 @@ typedef struct client {
 
 /* One round: a batch of async PUTs (more bytes than --max-inflight, so the
  * server defers some), then GETs of all of them, checked. */
-static const char *client_round(kvt_tier *t, client *c, uint32_t round, uint8_t *bufs,
-                                size_t cap) {
+static const char *client_round(kvt_tier *t, client *c, uint32_t round, uint8_t *bufs, size_t cap) {
   kvt_tier_op ops[BATCH], *ptrs[BATCH], *done[BATCH];
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t i = 0; i < BATCH; i++) {
@@ -506,8 +505,8 @@ static void test_malformed_and_unauthenticated_requests_leave_the_server_serving
   char err[256], port[16];
   snprintf(port, sizeof(port), "%d", f.port);
   kvt_fab *raw = NULL;
-  kvt_fab_config fc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .peer_node = "127.0.0.1",
-                       .peer_service = port};
+  kvt_fab_config fc = {
+      .provider = KVT_FAB_DEFAULT_PROVIDER, .peer_node = "127.0.0.1", .peer_service = port};
   assert_int_equal(kvt_fab_open(&fc, &raw, err, sizeof(err)), 0);
   uint64_t to;
   assert_int_equal(kvt_fab_av_insert_host(raw, "127.0.0.1", port, &to), 0);
@@ -635,8 +634,6 @@ static void test_dead_server_fails_ops_and_the_same_tier_reconnects(void **state
   srv_stop_cleanly(&f, 20);
 }
 
-
-
 static kvt_key peer_key(uint32_t a) {
   kvt_key k;
   memset(&k, 0x5A, sizeof(k));
@@ -657,8 +654,10 @@ typedef struct raw {
 static void raw_open(raw *r, const srv_fixture *srv, int no_post_wait) {
   char err[256], port[16];
   snprintf(port, sizeof(port), "%d", srv ? srv->port : 0);
-  kvt_fab_config fc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .peer_node = "127.0.0.1",
-                       .peer_service = srv ? port : NULL, .no_post_wait = no_post_wait};
+  kvt_fab_config fc = {.provider = KVT_FAB_DEFAULT_PROVIDER,
+                       .peer_node = "127.0.0.1",
+                       .peer_service = srv ? port : NULL,
+                       .no_post_wait = no_post_wait};
   if (!srv) {
     fc.node = "127.0.0.1";
     fc.service = "0";
@@ -782,8 +781,8 @@ static void test_a_peer_cannot_guess_registration_keys(void **state) {
   raw_close(&victim);
 }
 
-static const char *two_tenants_16m[] = {"--tiers", "dram:16MiB", "--tenant",
-                                        "alice:secret-a", "--tenant", "bob:secret-b", NULL};
+static const char *two_tenants_16m[] = {"--tiers",  "dram:16MiB",   "--tenant", "alice:secret-a",
+                                        "--tenant", "bob:secret-b", NULL};
 
 /* tcp;ofi_rxm does not check a region's access flags on a peer's RMA: the
  * server's own regions (registered for local use only) answered guessed
@@ -906,8 +905,9 @@ static int our_listen_ports(int *ports, int max) {
   while (f && fgets(line, sizeof(line), f) && n < max) {
     unsigned addr, port, st;
     unsigned long ino;
-    if (sscanf(line, " %*d: %x:%x %*x:%*x %x %*s %*s %*s %*s %*s %lu", &addr, &port, &st,
-               &ino) != 4 || st != 0x0A || addr != 0x0100007Fu)
+    if (sscanf(line, " %*d: %x:%x %*x:%*x %x %*s %*s %*s %*s %*s %lu", &addr, &port, &st, &ino) !=
+            4 ||
+        st != 0x0A || addr != 0x0100007Fu)
       continue;
     for (int i = 0; i < ni; i++)
       if (inodes[i] == ino)
@@ -986,7 +986,8 @@ static void test_forged_replies_are_not_believed(void **state) {
 static void test_a_stalled_session_does_not_take_every_request_slot(void **state) {
   (void)state;
   srv_fixture f = {0};
-  srv_set_args(&f, "--tiers", "dram:16MiB", "--tenant", "alice:secret-a", "--tenant", "bob:secret-b", "--max-inflight", "64KiB", NULL);
+  srv_set_args(&f, "--tiers", "dram:16MiB", "--tenant", "alice:secret-a", "--tenant",
+               "bob:secret-b", "--max-inflight", "64KiB", NULL);
   srv_start_or_fail(&f);
   /* alice's requests go out from a, naming b, which then stops driving its
    * endpoint: the server's RMA reads from b never complete. */
@@ -1067,19 +1068,24 @@ int main(void) {
     return 77;
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_teardown(test_wrong_token_or_unknown_tenant_is_refused_at_open, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_tenants_cannot_read_delete_or_list_each_others_keys, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_wrong_token_or_unknown_tenant_is_refused_at_open,
+                                srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_tenants_cannot_read_delete_or_list_each_others_keys,
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_oversize_put_is_refused_with_etoobig, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_stats_fetch_gives_the_servers_counters, srv_kill_leftovers),
       cmocka_unit_test(test_create_refuses_bad_configs_with_a_detail),
       cmocka_unit_test(test_a_server_stopped_before_it_runs_returns_at_once),
-      cmocka_unit_test_teardown(test_eight_clients_at_once_each_get_their_own_bytes, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_eight_clients_at_once_each_get_their_own_bytes,
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_list_pages_show_every_held_key_once_while_keys_change,
                                 srv_kill_leftovers),
       cmocka_unit_test_teardown(
           test_malformed_and_unauthenticated_requests_leave_the_server_serving, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_stop_drains_and_a_restart_has_the_nvme_values, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_dead_server_fails_ops_and_the_same_tier_reconnects, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_stop_drains_and_a_restart_has_the_nvme_values,
+                                srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_dead_server_fails_ops_and_the_same_tier_reconnects,
+                                srv_kill_leftovers),
       cmocka_unit_test(test_a_peer_cannot_guess_registration_keys),
       cmocka_unit_test_teardown(test_a_peer_cannot_read_the_servers_memory, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_forged_replies_are_not_believed, srv_kill_leftovers),

@@ -346,7 +346,8 @@ static void test_bad_options_exit_2_with_a_message(void **state) {
       {"--evict some", "kvtier-server: --evict 'some': lru or none\n"},
       {"--max-request 0", "kvtier-server: --max-request '0': expected a size, e.g. 64MiB\n"},
       {"--stats nowhere", "kvtier-server: --stats 'nowhere': expected HOST:PORT\n"},
-      {"--tenants /nonexistent/t", "kvtier-server: --tenants /nonexistent/t: No such file or directory\n"},
+      {"--tenants /nonexistent/t",
+       "kvtier-server: --tenants /nonexistent/t: No such file or directory\n"},
   };
   static char out[8192];
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -395,11 +396,13 @@ static void test_ready_line_and_sigint_exit_0(void **state) {
   assert_non_null(in);
   char line[512];
   assert_int_equal(read_until(in, "no --tenant given", line, sizeof(line)), 0);
-  assert_string_equal(line, "kvtier-server: no --tenant given: one tenant, \"default\", empty token\n");
+  assert_string_equal(line,
+                      "kvtier-server: no --tenant given: one tenant, \"default\", empty token\n");
   assert_int_equal(read_until(in, "ready on", line, sizeof(line)), 0);
   unsigned port = 0;
   char prov[64] = "";
-  assert_int_equal(sscanf(line, "kvtier-server: ready on 127.0.0.1:%u (provider %63[^,], 1 tenants)",
+  assert_int_equal(sscanf(line,
+                          "kvtier-server: ready on 127.0.0.1:%u (provider %63[^,], 1 tenants)",
                           &port, prov),
                    2);
   assert_true(port > 0 && port < 65536);
@@ -433,8 +436,10 @@ int main(void) {
       cmocka_unit_test(test_bad_options_exit_2_with_a_message),
       cmocka_unit_test_teardown(test_ready_line_and_sigint_exit_0, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_stats_request_and_prometheus_text, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_sigterm_exits_0_and_a_restart_has_the_nvme_values, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_sigterm_exits_0_and_a_restart_has_the_nvme_values,
+                                srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover,
+                                srv_kill_leftovers),
   };
   return cmocka_run_group_tests_name("kvtier-server program", tests, setup, teardown);
 }

@@ -106,8 +106,8 @@ typedef struct raw {
 static void raw_open(raw *r, const srv_fixture *srv) {
   char err[256], port[16];
   snprintf(port, sizeof(port), "%d", srv->port);
-  kvt_fab_config fc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .peer_node = "127.0.0.1",
-                       .peer_service = port};
+  kvt_fab_config fc = {
+      .provider = KVT_FAB_DEFAULT_PROVIDER, .peer_node = "127.0.0.1", .peer_service = port};
   assert_int_equal(kvt_fab_open(&fc, &r->f, err, sizeof(err)), 0);
   assert_int_equal(kvt_fab_av_insert_host(r->f, "127.0.0.1", port, &r->to), 0);
   r->buf = aligned_alloc(4096, 2 * KVT_PROTO_MSG_MAX);
@@ -157,9 +157,9 @@ typedef struct stalled {
 } stalled;
 
 static void stalled_post_recv(stalled *s) {
-  assert_int_equal(kvt_fab_recv(s->b.f, s->b.buf + KVT_PROTO_MSG_MAX, KVT_PROTO_MSG_MAX,
-                                s->b.mr.desc, &s->rctx),
-                   0);
+  assert_int_equal(
+      kvt_fab_recv(s->b.f, s->b.buf + KVT_PROTO_MSG_MAX, KVT_PROTO_MSG_MAX, s->b.mr.desc, &s->rctx),
+      0);
 }
 
 /* Drives b until the reply to request id arrives; returns its status, or
@@ -171,8 +171,8 @@ static int stalled_wait(stalled *s, uint64_t id, kvt_proto_msg *rep, int timeout
     for (int j = 0; j < n; j++) {
       if (c[j].ctx != &s->rctx)
         continue;
-      const int ok = c[j].err == 0 &&
-                     kvt_proto_decode(s->b.buf + KVT_PROTO_MSG_MAX, c[j].len, rep) == 0;
+      const int ok =
+          c[j].err == 0 && kvt_proto_decode(s->b.buf + KVT_PROTO_MSG_MAX, c[j].len, rep) == 0;
       stalled_post_recv(s);
       if (ok && rep->h.req_id == id)
         return rep->h.status;
@@ -620,7 +620,7 @@ static void *reader_main(void *arg) {
     while (!atomic_load(&sh->stop)) {
       uint64_t len = 0;
       const int rc = kvt_tier_get(t, &shared_key, got, V_MAX, &len);
-      const char *why = rc == 0 ? v_check(sh, got, len, scratch)
+      const char *why = rc == 0               ? v_check(sh, got, len, scratch)
                         : rc == KVT_ENOTFOUND ? NULL
                                               : "a GET failed";
       if (why) {
@@ -958,7 +958,7 @@ static void mix_set_wrong(mix_shared *sh, const char *why) {
 
 /* NULL when got is a whole value once put under key k. */
 static const char *mix_check(mix_shared *sh, uint32_t k, const uint8_t *got, uint64_t len,
-                           uint8_t *scratch) {
+                             uint8_t *scratch) {
   uint32_t gk, ver;
   uint64_t n;
   if (len < MIX_V_HEAD)
@@ -1045,7 +1045,7 @@ static void *mix_reader_main(void *arg) {
       const kvt_key key = mix_key(k);
       uint64_t len = 0;
       const int rc = kvt_tier_get(t, &key, got, MIX_V_MAX, &len);
-      const char *why = rc == 0 ? mix_check(sh, k, got, len, scratch)
+      const char *why = rc == 0               ? mix_check(sh, k, got, len, scratch)
                         : rc == KVT_ENOTFOUND ? NULL
                                               : "a GET failed";
       if (why) {
@@ -1071,7 +1071,8 @@ static void run_mix(mix_shared *sh, const srv_fixture *f, int ms) {
   for (int i = 0; i < MIX_WRITERS + MIX_READERS; i++) {
     w[i] = (mix_worker){.sh = sh, .id = (uint32_t)(i < MIX_WRITERS ? i : i - MIX_WRITERS)};
     assert_int_equal(
-        pthread_create(&th[i], NULL, i < MIX_WRITERS ? mix_writer_main : mix_reader_main, &w[i]), 0);
+        pthread_create(&th[i], NULL, i < MIX_WRITERS ? mix_writer_main : mix_reader_main, &w[i]),
+        0);
   }
   const int64_t t0 = ms_now();
   while (!atomic_load(&sh->stop) && ms_now() - t0 < 60000 &&
@@ -1091,7 +1092,8 @@ static void run_mix(mix_shared *sh, const srv_fixture *f, int ms) {
 
 /* Reads every key: each NOT_FOUND or valid; lens[k] its length (UINT64_MAX:
  * absent), data[k] its bytes. Returns the DRAM bytes those values hold. */
-static uint64_t snapshot(mix_shared *sh, const srv_fixture *f, uint64_t lens[MIX_NK], uint8_t *data) {
+static uint64_t snapshot(mix_shared *sh, const srv_fixture *f, uint64_t lens[MIX_NK],
+                         uint8_t *data) {
   kvt_tier *t;
   char spec[256];
   srv_spec(f, spec, sizeof(spec), "default", "", 10000, NULL);
@@ -1191,7 +1193,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_reserved_puts_round_trip_on_a_dram_server, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_reserved_puts_on_dram_nvme_are_durable_and_cached,
                                 srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_get_and_del_while_a_replacement_is_in_flight, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_get_and_del_while_a_replacement_is_in_flight,
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_a_put_whose_client_dies_mid_transfer_leaves_the_old_value,
                                 srv_kill_leftovers),
       cmocka_unit_test_teardown(test_a_stop_with_a_stuck_get_and_a_waiting_put_ends_0,

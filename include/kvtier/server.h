@@ -30,8 +30,8 @@ extern "C" {
 typedef struct kvt_server kvt_server;
 
 #define KVT_SERVER_MAX_TENANTS 256
-#define KVT_SERVER_TENANT_MAX 64  /* bytes of a tenant name */
-#define KVT_SERVER_TOKEN_MAX 128  /* bytes of a tenant's token */
+#define KVT_SERVER_TENANT_MAX 64 /* bytes of a tenant name */
+#define KVT_SERVER_TOKEN_MAX 128 /* bytes of a tenant's token */
 
 enum kvt_server_evict {
   KVT_SERVER_EVICT_LRU = 0, /* when full, drop the least recently used values */
@@ -58,7 +58,7 @@ typedef struct kvt_server_config {
   /* libfabric provider, e.g. "tcp;ofi_rxm" (NULL: that), "verbs;ofi_rxm",
    * "efa", or "auto" (the first of efa, verbs;ofi_rxm, tcp;ofi_rxm that opens). */
   const char *provider;
-  int workers;           /* threads doing storage I/O, 1..256; 0: 4 */
+  int workers; /* threads doing storage I/O, 1..256; 0: 4 */
   /* The server's own messages (a refused tenant at KVT_LOG_WARN, a failed
    * post or a drain that timed out at KVT_LOG_ERROR), one line each, from
    * the thread calling kvt_server_run(); levels above log_level are
@@ -68,9 +68,11 @@ typedef struct kvt_server_config {
   int log_level;
 } kvt_server_config;
 
+/* clang-format off */
 #define KVT_SERVER_CONFIG_INIT                                                                     \
   { sizeof(kvt_server_config), NULL, NULL, NULL, NULL, 0, 0, 0, KVT_SERVER_EVICT_LRU, NULL, 0,     \
     NULL, NULL, KVT_LOG_WARN }
+/* clang-format on */
 
 /* Creates a server: opens cfg's tiers with ctx, indexes what the last tier
  * holds (a restart finds every value acknowledged before), binds the
@@ -109,8 +111,7 @@ KVT_API int kvt_server_stop(kvt_server *srv);
  * port. Returns 0; -EINVAL (NULL argument), KVT_ENOBUFS (host_cap too
  * small), KVT_ENOTSUP (not an IP endpoint, or no libfabric).
  * Thread-safety: any thread, while the server exists. */
-KVT_API int kvt_server_address(const kvt_server *srv, char *host, size_t host_cap,
-                               uint16_t *port);
+KVT_API int kvt_server_address(const kvt_server *srv, char *host, size_t host_cap, uint16_t *port);
 
 /* The libfabric provider the endpoint uses (as "auto" resolved), owned by
  * the server; "" for NULL or without libfabric. Thread-safety: any thread. */

@@ -55,6 +55,8 @@ static int copy_str(kvt_ctx *ctx, char *dst, size_t cap, const char *src, const 
 static int take_config(kvt_server *sv, const kvt_server_config *cfg) {
   kvt_ctx *ctx = sv->ctx;
   const size_t nt = cfg->n_tenants ? cfg->n_tenants : 1;
+  if (cfg->n_tenants && !cfg->tenants)
+    return kvt_fail(ctx, -EINVAL, "n_tenants %zu without tenants", cfg->n_tenants);
   if (nt > SRV_MAX_TENANTS)
     return kvt_fail(ctx, -EINVAL, "more than %d tenants", SRV_MAX_TENANTS);
   if (cfg->workers < 0 || cfg->workers > 256)

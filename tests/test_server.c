@@ -1,5 +1,5 @@
 /* tests/test_server.c - the server engine (kvtier/server.h) as its clients
- * see it, run in this process on 127.0.0.1 (tests/server_fixture.c): the
+ * see it, run in this process on 127.0.0.1 (tests/fixtures/server_fixture.c): the
  * API's refusals and life cycle, wrong tokens refused at open, tenants
  * isolated from each other, oversize requests refused, eight clients at
  * once, a stop drains and a restart finds the NVMe values, a server gone

@@ -1,5 +1,5 @@
 /* tests/test_server_program.c - the kvtier-server program end to end, run
- * as a child process on 127.0.0.1 (tests/server_fixture.c): its options,
+ * as a child process on 127.0.0.1 (tests/fixtures/server_fixture.c): its options,
  * exit codes and messages, the ready line, SIGTERM and SIGINT (exit 0, and a
  * restart finds the NVMe values), kill -9 in the middle of a run never
  * yields wrong bytes and the clients recover, --stats as Prometheus text.

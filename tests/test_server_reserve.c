@@ -15,7 +15,7 @@
  * A "stalled" PUT is sent from a raw endpoint whose HELLO names a second
  * endpoint that then stops driving progress: the server's RMA read from it
  * waits until the test drives it again, or closes it (the read then fails).
- * Runs the server in this process on 127.0.0.1 (tests/server_fixture.c);
+ * Runs the server in this process on 127.0.0.1 (tests/fixtures/server_fixture.c);
  * skips (77) without the provider. */
 #include <errno.h>
 #include <pthread.h>

@@ -8,6 +8,7 @@
  *   kvtier/cache.h    the cache: placement across tiers, eviction, prefix lookup
  *   kvtier/model.h    the bandwidth model: KV bytes, link shortfall, fits, advice
  *   kvtier/gpu.h      fused GPU store/load between engine paged caches and payloads
+ *   kvtier/server.h   the cache server's engine and its counters (experimental)
  *
  * Compiles as C (C99 or later) and C++; includes no CUDA header. */
 #ifndef KVTIER_H
@@ -22,5 +23,6 @@
 #include "kvtier/model.h"
 #include "kvtier/gpu.h"
 #include "kvtier/attn.h"
+#include "kvtier/server.h"
 
 #endif

@@ -131,6 +131,7 @@ static int check_fields(kvt_ctx *ctx, const parsed *p) {
 
 static void read_entry(const uint8_t *b, uint32_t i, kvt_section_info *s) {
   const uint8_t *e = b + HDR_FIXED + (size_t)SEC_ENTRY * i;
+  memset(s, 0, sizeof(*s)); /* the reserved tail too */
   s->layer = kvt_ld32(e + S_LAYER);
   s->is_value = e[S_KIND];
   s->fmt = e[S_FMT];
@@ -334,6 +335,8 @@ static int decode(kvt_ctx *ctx, const void *buf, size_t len, const kvt_decode_pa
                   const kvt_kv_view *d) {
   if (dp && dp->struct_size < sizeof(kvt_decode_params))
     return kvt_fail(ctx, -EINVAL, "kvt_decode_params.struct_size too small");
+  if (d && d->struct_size < sizeof(kvt_kv_view))
+    return kvt_fail(ctx, -EINVAL, "kvt_kv_view.struct_size too small");
   parsed p;
   int rc = parse(ctx, buf, len, &p);
   uint32_t first = 0, count = 0;

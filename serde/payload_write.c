@@ -15,6 +15,8 @@ uint64_t kvt_header_checksum(const uint8_t *hdr, size_t header_size) {
 
 static int check_view(kvt_ctx *ctx, const kvt_codec_spec *spec, const kvt_kv_view *v,
                       uint32_t layer_begin, uint32_t model_layers) {
+  if (v && v->struct_size < sizeof(kvt_kv_view))
+    return kvt_fail(ctx, -EINVAL, "kvt_kv_view.struct_size too small");
   if (!v || !v->k || !v->v)
     return kvt_fail(ctx, KVT_ESHAPE, "view has no K or V pointer");
   if (v->dtype != KVT_DTYPE_BF16 && v->dtype != KVT_DTYPE_F16)

@@ -145,6 +145,9 @@ typedef struct kvt_cache_get_req {
   uint64_t len;      /* out: the payload's length (also on KVT_ENOBUFS) */
   int32_t result;    /* out: as kvt_cache_get() returns */
   int32_t tier;      /* out: the tier that served it, -1 if none */
+  uint64_t reserved[2]; /* zero (memset the request): later inputs, whose
+                           zero means what 0.3 does. Fixed size: requests
+                           are passed as an array */
 } kvt_cache_get_req;
 
 /* Gets n payloads with up to max_in_flight reads outstanding per tier (0:
@@ -152,7 +155,8 @@ typedef struct kvt_cache_get_req {
  * rather than one read at a time. Each request gets its own result, with
  * the checks and counters of kvt_cache_get(); promotions, when on, run after
  * all reads are done. A key may appear more than once. Returns 0 once every
- * request has a result, or -EINVAL or -ENOMEM (nothing done). */
+ * request has a result, or -EINVAL (a NULL buf with a capacity, reserved
+ * fields not zero) or -ENOMEM (nothing done). */
 KVT_API int kvt_cache_get_many(kvt_cache *cache, kvt_cache_get_req *reqs, size_t n,
                                uint32_t max_in_flight);
 
@@ -165,6 +169,7 @@ typedef struct kvt_cache_loan {
   uint64_t len;
   int32_t tier;       /* the tier lending it */
   void *internal[3];  /* library-owned */
+  uint64_t reserved[2]; /* zeroed by kvt_cache_borrow: later outputs */
 } kvt_cache_loan;
 
 /* Lends the payload under key from its hottest tier, after the header

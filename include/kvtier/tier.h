@@ -119,9 +119,13 @@ typedef struct kvt_tier_op {
   uint32_t status;    /* library-owned */
   uint64_t out_len;   /* GET, QUERY: the stored value's length */
   void *internal[2];  /* library-owned */
+  uint64_t reserved[2]; /* zero (kvt_tier_op_init; submit refuses others with
+                           -EINVAL): later inputs, whose zero means what 0.3
+                           does. Fixed size: ops may be kept in arrays */
 } kvt_tier_op;
 
-/* Fills *op for a single operation (result and internals cleared). */
+/* Fills *op for a single operation (result, internals and reserved fields
+ * cleared). */
 KVT_API void kvt_tier_op_init(kvt_tier_op *op, int opcode, const kvt_key *key, void *buf,
                               uint64_t len, uint64_t user_data);
 
@@ -157,7 +161,8 @@ KVT_API const char *kvt_tier_spec(const kvt_tier *tier);
 
 /* Submits n operations. Returns how many were accepted (they will complete,
  * possibly before this returns), or a negative error if none was: -EINVAL
- * for a malformed operation (nothing is submitted then), -ESHUTDOWN while
+ * for a malformed operation (unknown opcode, flags or reserved fields not
+ * zero, a NULL buf with a length; nothing is submitted then), -ESHUTDOWN while
  * closing, -EAGAIN when a backend's queue is full (submit the rest later).
  * Accepted operations report their own errors in op->result. */
 KVT_API int kvt_tier_submit(kvt_tier *tier, kvt_tier_op *const *ops, size_t n);
@@ -207,6 +212,7 @@ typedef struct kvt_tier_loan {
   const void *data; /* the payload (NULL for an empty value) */
   uint64_t len;
   void *internal;   /* library-owned */
+  uint64_t reserved[2]; /* zeroed by kvt_tier_borrow: later outputs */
 } kvt_tier_loan;
 
 /* Returns 0, KVT_ENOTFOUND, KVT_ENOTSUP (the tier cannot lend: nvme, or a
@@ -230,6 +236,7 @@ typedef struct kvt_tier_reservation {
   uint64_t len;
   kvt_key key;
   uint64_t internal[2]; /* library-owned */
+  uint64_t reserved[2]; /* zeroed by kvt_tier_reserve: later outputs */
 } kvt_tier_reservation;
 
 /* Returns 0, -ENOSPC (no room: as a PUT of len bytes would be refused),

@@ -215,15 +215,16 @@ typedef struct kvt_cache_plan {
   uint64_t tier_bytes[KVT_CACHE_MAX_TIERS]; /* payload bytes of the prefix,
                                                by the hottest tier holding each chunk */
   double link_GBps[KVT_CACHE_MAX_TIERS];    /* the links used (config.links) */
-  double restore_s;         /* sum of kvt_restore_seconds(tier_bytes, link) */
-  double recompute_s;       /* kvt_prefill_seconds(model, cached_tokens, ...); 0 without a model */
+  double restore_s;         /* sum of kvt_model_restore_seconds(tier_bytes, link) */
+  double recompute_s;       /* kvt_model_prefill_seconds(model, cached_tokens, ...);
+                               0 without a model */
   int restore_pays;         /* model given and restore_s < recompute_s */
 } kvt_cache_plan;
 
 /* Fills *out (set out->struct_size first; a shorter, older struct gets the
  * fields it has) for the leading chunks of tokens[0..n) that are cached,
  * like a lookup but without touching anything. model may be NULL (no recompute
- * estimate); tflops and mfu as kvt_prefill_seconds() (0: its defaults).
+ * estimate); tflops and mfu as kvt_model_prefill_seconds() (0: its defaults).
  * Returns 0 or -EINVAL (no fingerprint configured, bad arguments). */
 KVT_API int kvt_cache_plan_restore(kvt_cache *cache, const uint32_t *tokens, size_t n,
                                    const kvt_model_arch *model, double tflops, double mfu,

@@ -427,20 +427,21 @@ static int fill_kparams(kvt_gpu_layout *L, const kvt_codec_spec *spec, uint32_t 
 static int store_check(kvt_gpu_layout *L, const kvt_gpu_store_params *p, kvt_codec_spec *spec,
                        uint32_t *model_layers, uint64_t *size) {
   kvt_ctx *ctx = L->ctx;
-  if (!p || p->struct_size < sizeof(*p) || p->encode.struct_size < sizeof(kvt_encode_params))
+  if (!p || p->struct_size < sizeof(*p) || !p->encode ||
+      p->encode->struct_size < sizeof(kvt_encode_params))
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store: missing or old params");
   if (!p->slots || !p->tokens || !p->layer_count)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store: no slots, tokens or layers");
-  if (p->encode.zstd_level)
+  if (p->encode->zstd_level)
     return kvt_fail(ctx, KVT_ENOTSUP, "the GPU store has no lossless stage (zstd level %d)",
-                    p->encode.zstd_level);
-  *spec = p->encode.spec;
+                    p->encode->zstd_level);
+  *spec = p->encode->spec;
   kvt_codec_normalise(spec);
   int rc = kvt_codec_validate(ctx, spec);
   if (rc)
     return rc;
-  const uint32_t lb = p->encode.layer_begin;
-  *model_layers = p->encode.model_layers ? p->encode.model_layers : p->layer_count;
+  const uint32_t lb = p->encode->layer_begin;
+  *model_layers = p->encode->model_layers ? p->encode->model_layers : p->layer_count;
   if (*model_layers > KVT_MAX_LAYERS || (uint64_t)lb + p->layer_count > *model_layers)
     return kvt_fail(ctx, KVT_ESHAPE, "layers %u..%u do not fit a model of %u layers (max %u)",
                     lb, lb + p->layer_count, *model_layers, KVT_MAX_LAYERS);
@@ -470,8 +471,8 @@ static void put_header(const kvt_gpu_store_params *p, const kvt_codec_spec *spec
   kvt_st32(dst + H_HDRSIZE, (uint32_t)hsize);
   kvt_st64(dst + H_SIZE, size);
   kvt_st32(dst + H_NSEC, nsec);
-  memcpy(dst + H_KEY, p->encode.key.bytes, 16);
-  memcpy(dst + H_FPRINT, p->encode.fingerprint.bytes, 16);
+  memcpy(dst + H_KEY, p->encode->key.bytes, 16);
+  memcpy(dst + H_FPRINT, p->encode->fingerprint.bytes, 16);
   dst[H_KFMT] = spec->k_fmt;
   dst[H_VFMT] = spec->v_fmt;
   dst[H_SCALE] = spec->scale;
@@ -480,15 +481,15 @@ static void put_header(const kvt_gpu_store_params *p, const kvt_codec_spec *spec
   kvt_st16(dst + H_BLOCK, spec->block);
   dst[H_DTYPE] = (uint8_t)dtype;
   kvt_st32(dst + H_MLAYERS, model_layers);
-  kvt_st32(dst + H_LBEGIN, p->encode.layer_begin);
+  kvt_st32(dst + H_LBEGIN, p->encode->layer_begin);
   kvt_st32(dst + H_LCOUNT, p->layer_count);
   kvt_st32(dst + H_TOKENS, p->tokens);
   kvt_st32(dst + H_HEADS, heads);
   kvt_st32(dst + H_HDIM, head_dim);
-  kvt_st32(dst + H_TBEGIN, p->encode.token_begin);
+  kvt_st32(dst + H_TBEGIN, p->encode->token_begin);
   for (uint32_t i = 0; i < nsec; i++) {
     uint8_t *e = dst + HDR_FIXED + (size_t)SEC_ENTRY * i;
-    const uint32_t layer = p->encode.layer_begin + i / 2;
+    const uint32_t layer = p->encode->layer_begin + i / 2;
     const uint64_t raw = kvt_gpu_sec_size(kp, layer, (int)(i % 2));
     kvt_st32(e + S_LAYER, layer);
     e[S_KIND] = (uint8_t)(i % 2);
@@ -520,7 +521,7 @@ int kvt_gpu_store_async(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *
   if ((rc = payload_addr(ctx, dst, &kind, &dev)) != 0)
     return rc;
   kvt_gpu_kparams kp;
-  if ((rc = fill_kparams(L, &spec, p->tokens, p->encode.layer_begin, p->layer_count, 0,
+  if ((rc = fill_kparams(L, &spec, p->tokens, p->encode->layer_begin, p->layer_count, 0,
                          p->layer_count, p->slots, dev, 0, &kp)) != 0)
     return rc;
   int e;

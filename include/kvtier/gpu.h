@@ -247,10 +247,9 @@ typedef struct kvt_gpu_load_params {
  * of what is left, at least 2 MiB, at most a slot), and the kernel loads
  * each piece from device memory while the next one copies. The copy moves
  * the payload's compressed bytes only; dequantization still happens in the
- * kernel's registers. (On an H200 over PCIe 5, staged loads reached
- * 0.88-0.97x of cudaMemcpy of the same bytes at 10-32 MiB and 0.96-0.99x
- * beyond; zero copy 0.88-0.93x.) Work queued on `stream` before the call
- * runs before the copies read the payload. A load with a layer larger than
+ * kernel's registers (measured ratios to cudaMemcpy: README.md, GPU
+ * section). Work queued on `stream` before the call runs before the copies
+ * read the payload. A load with a layer larger than
  * a staging slot (staging_bytes / 3) is read from host memory by the kernel
  * (zero copy), as is every load on a handle without staging memory. Staged
  * loads on one handle share its slots and are ordered by events, so loads

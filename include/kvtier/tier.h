@@ -1,5 +1,5 @@
 /* kvtier/tier.h - storage tiers: one completion-based interface for every
- * place a payload can live (DRAM, NVMe, later HBM, Redis, kvtier-server).
+ * place a payload can live (DRAM, HBM, NVMe, Redis, kvtier-server).
  *
  * A tier stores opaque payload bytes under 128-bit chunk keys. Operations are
  * submitted and complete later; each operation is a caller-owned kvt_tier_op
@@ -15,70 +15,10 @@
  * so the hooks must be thread-safe (the defaults are). Only kvt_tier_open
  * leaves detail in kvt_ctx_last_error(); data-path calls return codes alone.
  *
- * Tiers are opened from a spec string "SCHEME:ARGS":
- *   dram:SIZE[,pin=auto|on|off]  capacity-bounded host memory, e.g. dram:8GiB;
- *                                its slabs are page-locked for the GPU
- *                                (cudaHostRegister) when CUDA is built and a
- *                                device is present (auto); on: fail to open
- *                                otherwise; off: never (no CUDA call at all)
- *   nvme:DIR:SIZE[,qd=N][,engine=pread]
- *                                one file per payload under DIR, io_uring and
- *                                O_DIRECT (pread/pwrite where io_uring is not
- *                                available); survives restart, torn files miss.
- *                                A PUT completes once its bytes and its name
- *                                are durable (fdatasync, rename, directory
- *                                fsync). A GET into a 4096-aligned buffer
- *                                reads into it directly and may write zero
- *                                padding after the value, up to the next 4096
- *                                bytes within its capacity. Deleted files are
- *                                kept as spares (.free-N, not in `used`) for
- *                                later PUTs and dropped when room is needed
- *   fault:RULES@SPEC             fault injection around another tier (tests)
- *   trace@SPEC                   logs every operation through the context's log
- *   redis://[USER:PASSWORD@]HOST:PORT[/DB][?OPT&OPT...]
- *   redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][?OPT&OPT...]
- *                                a Redis server or Redis Cluster (hiredis;
- *                                built when libhiredis is found). ":PASSWORD@"
- *                                for requirepass, USER:PASSWORD@ for an ACL
- *                                user (%XX escapes). OPTs: ns=NAME (key
- *                                namespace, "default"), ttl=SECONDS (0: none),
- *                                timeout_ms=N (2000: connect, each reply, a
- *                                stalled write), capacity=SIZE (enforced on
- *                                what this handle wrote; default what it
- *                                holds plus the servers' free memory,
- *                                maxmemory less used_memory), part=SIZE
- *                                (values above it are split, 64MiB), conns=N
- *                                (4), pipeline=N (32). A missing, expired or
- *                                torn value misses; a full server (maxmemory,
- *                                noeviction) is -ENOSPC; a dead server fails
- *                                its operations (-ECONNREFUSED, -ECONNRESET,
- *                                -ETIMEDOUT) and is reconnected with backoff;
- *                                refused AUTH is KVT_EAUTH at open. items and
- *                                used count what this handle wrote and
- *                                deleted (with ttl= and capacity=, recounted
- *                                from the servers before a PUT is refused);
- *                                list() scans the servers
- *   fabric://HOST:PORT[?OPT&OPT...]
- *                                a kvtier-server over libfabric (built when
- *                                libfabric is found): control messages, the
- *                                payload moved by RMA to and from the op's own
- *                                buffer. OPTs: tenant=NAME ("default"),
- *                                token=TOKEN (else $KVTIER_FABRIC_TOKEN),
- *                                timeout_ms=N (5000, every wait), provider=P
- *                                (tcp;ofi_rxm; '+' for ';'), depth=N (ops
- *                                on the wire, 1 to 64, default 64: what the
- *                                server runs per session), purge=1 (empty the
- *                                tenant at open). A wrong token is KVT_EAUTH
- *                                at open; a dead server fails its operations
- *                                (-ECONNREFUSED, -ECONNRESET, -ETIMEDOUT) and
- *                                the next one reconnects. items counts the
- *                                tenant's values; capacity and used are the
- *                                server's. docs/SERVER.md has the server
- * SIZE takes B, KiB, MiB, GiB, TiB (or K, M, G, T, all powers of 1024) and
- * KB, MB, GB, TB (powers of 1000). With CUDA built:
- *   hbm:DEV:SIZE                 device memory of CUDA device DEV, e.g.
- *                                hbm:0:20GiB: payloads kept compressed on the
- *                                GPU; kvt_tier_borrow lends them in place */
+ * Tiers are opened from a spec string "SCHEME:ARGS": dram:SIZE, nvme:DIR:SIZE,
+ * hbm:DEV:SIZE (CUDA), redis:// and redis+cluster:// (libhiredis), fabric://
+ * (libfabric), and the decorators fault:RULES@SPEC and trace@SPEC. The
+ * grammar, options, defaults and behaviour of each are in docs/TIERS.md. */
 #ifndef KVTIER_TIER_H
 #define KVTIER_TIER_H
 
@@ -247,7 +187,9 @@ KVT_API int kvt_tier_reserve(kvt_tier *tier, const kvt_key *key, uint64_t len,
 KVT_API int kvt_tier_publish(kvt_tier *tier, kvt_tier_reservation *res);
 KVT_API void kvt_tier_abort(kvt_tier *tier, kvt_tier_reservation *res);
 
-/* Parses a size with a unit ("8GiB", "512MB", "4096"). Returns 0 or -EINVAL. */
+/* Parses a size with a unit ("8GiB", "512MB", "4096"): B, KiB, MiB, GiB, TiB
+ * (or K, M, G, T; powers of 1024) and KB, MB, GB, TB (powers of 1000), as
+ * in tier specs. Returns 0 or -EINVAL. */
 KVT_API int kvt_parse_size(const char *text, uint64_t *out);
 
 /* ---- Backends ------------------------------------------------------------

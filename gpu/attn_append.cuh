@@ -1,50 +1,11 @@
 /* gpu/attn_append.cuh - the cache writer of decode attention
  * (kvt_attn_append): a decode step's new K/V quantized into the cache with
- * the codec's arithmetic. Included by attn_kernels.cu after its shared
- * helpers (conversions, formats), inside namespace kvt_attn_dev. Not a
- * header of its own: one translation unit, split by responsibility. */
+ * the codec's arithmetic (codec_device.cuh, the store kernels' own).
+ * Included by attn_kernels.cu after its shared helpers (conversions,
+ * formats), inside namespace kvt_attn_dev. Not a header of its own: one
+ * translation unit, split by responsibility. */
 #ifndef KVT_ATTN_APPEND_CUH
 #define KVT_ATTN_APPEND_CUH
-
-/* ---- append: the codec's arithmetic (FORMAT.md section 4) ---- */
-
-__device__ __forceinline__ void scale_for(float amax, float qmax, float *scale,
-                                          float *inv) {
-  if (!(amax >= TINY_AMAX)) {
-    *scale = 0.0f;
-    *inv = 0.0f;
-    return;
-  }
-  *scale = __fdiv_rn(amax, qmax);
-  *inv = __fdiv_rn(1.0f, *scale);
-}
-
-__device__ __forceinline__ uint8_t q_e4m3(float x, float inv) {
-  return (uint8_t)__nv_cvt_float_to_fp8(__fmul_rn(x, inv), __NV_SATFINITE,
-                                        __NV_E4M3);
-}
-
-__device__ __forceinline__ uint8_t q_i4(float x, float zero, float inv) {
-  float r = rintf(__fmul_rn(__fsub_rn(x, zero), inv));
-  r = r > 15.0f ? 15.0f : r;
-  r = r < 0.0f ? 0.0f : r;
-  return (uint8_t)r;
-}
-
-/* i4 group parameters; a group out of fp16 range gets unspecified codes. */
-__device__ __forceinline__ void i4_params(float mn, float mx, uint32_t *packed,
-                                          float *zero, float *inv) {
-  mn = __fadd_rn(mn, 0.0f); /* a zero extreme is +0 whatever its sign */
-  mx = __fadd_rn(mx, 0.0f);
-  const __half zh = __float2half_rd(mn);
-  const float z = __half2float(zh);
-  const __half sh = __float2half_ru(__fdiv_rn(__fsub_rn(mx, z), 15.0f));
-  const float s = __half2float(sh);
-  *packed =
-      (uint32_t)__half_as_ushort(sh) | ((uint32_t)__half_as_ushort(zh) << 16);
-  *zero = z;
-  *inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
-}
 
 /* One warp per (token, kv head), E = D/32 elements per lane. */
 template <int DT, int E>
@@ -102,7 +63,7 @@ __device__ void append_row(const kvt_attn_aparams &p, int kind, int fmt,
     }
     uint32_t packed;
     float zero, inv;
-    i4_params(mn, mx, &packed, &zero, &inv);
+    i4_params<false>(mn, mx, &packed, &zero, &inv); /* unchecked: see there */
     uint8_t *dst = codes + row * (D / 2) + (uint32_t)lane * (E / 2);
 #pragma unroll
     for (int i = 0; i < E; i += 2)

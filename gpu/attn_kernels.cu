@@ -31,7 +31,7 @@
  * combine kernel merges them; with one split the CTA writes the output.
  *
  * The writer (gpu/attn_append.cuh) quantizes with serde/FORMAT.md section
- * 4's arithmetic, written as gpu_kernels.cu's store (explicit
+ * 4's arithmetic, the store kernels' own (gpu/codec_device.cuh: explicit
  * round-to-nearest intrinsics, no contraction): the codes and scales equal
  * the CPU codec's. */
 #include <stdint.h>
@@ -43,11 +43,11 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "codec_device.cuh" /* the append's quantization */
 #include "kvt_attn_layout.h"
 #include "kvtier/attn.h"
 #include "kvtier/codec.h"
 
-#define TINY_AMAX 7.8886090522101181e-31f /* 2^-100, as codec_internal.h */
 #define NWARPS KVT_ATTN_WARPS
 #define TILE 16
 /* Registers of K/V codes a lane loads per loop iteration: more tiles at once

@@ -8,9 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "codec_internal.h"
 #include "kvt_gpu_layout.h"
 #include "kvtier/gpu.h"
-#include "serde_internal.h"
+#include "payload_layout.h"
 
 static void desc_init(kvt_gpu_layout_desc *d, int dtype, uint32_t layers, void *const *k,
                       void *const *v, uint32_t num_blocks, uint32_t block_size, uint32_t heads,
@@ -462,41 +463,30 @@ int kvt_gpu_store_bound(kvt_gpu_layout *L, const kvt_gpu_store_params *p, uint64
 static void put_header(const kvt_gpu_store_params *p, const kvt_codec_spec *spec, int dtype,
                        uint32_t heads, uint32_t head_dim, uint32_t model_layers,
                        const kvt_gpu_kparams *kp, uint64_t size, uint8_t *dst) {
-  const uint32_t nsec = 2 * p->layer_count;
-  const uint64_t hsize = kp->header_size;
-  memset(dst, 0, hsize);
-  memcpy(dst + H_MAGIC, KVT_MAGIC, 8);
-  kvt_st16(dst + H_VMAJOR, KVT_FORMAT_VERSION);
-  kvt_st16(dst + H_VMINOR, KVT_FORMAT_MINOR);
-  kvt_st32(dst + H_HDRSIZE, (uint32_t)hsize);
-  kvt_st64(dst + H_SIZE, size);
-  kvt_st32(dst + H_NSEC, nsec);
-  memcpy(dst + H_KEY, p->encode->key.bytes, 16);
-  memcpy(dst + H_FPRINT, p->encode->fingerprint.bytes, 16);
-  dst[H_KFMT] = spec->k_fmt;
-  dst[H_VFMT] = spec->v_fmt;
-  dst[H_SCALE] = spec->scale;
-  dst[H_KAXIS] = spec->k_axis;
-  kvt_st16(dst + H_GROUP, spec->group);
-  kvt_st16(dst + H_BLOCK, spec->block);
-  dst[H_DTYPE] = (uint8_t)dtype;
-  kvt_st32(dst + H_MLAYERS, model_layers);
-  kvt_st32(dst + H_LBEGIN, p->encode->layer_begin);
-  kvt_st32(dst + H_LCOUNT, p->layer_count);
-  kvt_st32(dst + H_TOKENS, p->tokens);
-  kvt_st32(dst + H_HEADS, heads);
-  kvt_st32(dst + H_HDIM, head_dim);
-  kvt_st32(dst + H_TBEGIN, p->encode->token_begin);
-  for (uint32_t i = 0; i < nsec; i++) {
-    uint8_t *e = dst + HDR_FIXED + (size_t)SEC_ENTRY * i;
+  kvt_payload_info h;
+  memset(&h, 0, sizeof(h));
+  h.size = size;
+  h.header_size = (uint32_t)kp->header_size;
+  h.sections = 2 * p->layer_count;
+  h.key = p->encode->key;
+  h.fingerprint = p->encode->fingerprint;
+  h.spec = *spec;
+  h.dtype = dtype;
+  h.model_layers = model_layers;
+  h.layer_begin = p->encode->layer_begin;
+  h.layers = p->layer_count;
+  h.tokens = p->tokens;
+  h.heads = heads;
+  h.head_dim = head_dim;
+  h.token_begin = p->encode->token_begin;
+  kvt_header_put(dst, &h);
+  for (uint32_t i = 0; i < h.sections; i++) {
     const uint32_t layer = p->encode->layer_begin + i / 2;
-    const uint64_t raw = kvt_gpu_sec_size(kp, layer, (int)(i % 2));
-    kvt_st32(e + S_LAYER, layer);
-    e[S_KIND] = (uint8_t)(i % 2);
-    e[S_FMT] = (uint8_t)kvt_gpu_sec_fmt(kp, layer, (int)(i % 2));
-    kvt_st64(e + S_OFFSET, kvt_gpu_sec_offset(kp, i / 2, (int)(i % 2)));
-    kvt_st64(e + S_STORED, raw);
-    kvt_st64(e + S_RAW, raw);
+    const int kind = (int)(i % 2);
+    const uint64_t raw = kvt_gpu_sec_size(kp, layer, kind);
+    const kvt_section_info e = {layer, kind, kvt_gpu_sec_fmt(kp, layer, kind), KVT_COMP_NONE,
+                                kvt_gpu_sec_offset(kp, i / 2, kind), raw, raw, 0, {0, 0}};
+    kvt_section_entry_put(dst, i, &e);
   }
 }
 
@@ -574,19 +564,19 @@ int kvt_gpu_store_finish(kvt_gpu_layout *L, void *dst_, size_t len, void *stream
     return rc;
   if (kind == KVT_GPU_MEM_DEVICE)
     return 0; /* sealed on the GPU by the checksum kernels */
-  const uint32_t nsec = kvt_ld32(dst + H_NSEC);
-  const uint64_t hsize = kvt_ld32(dst + H_HDRSIZE);
-  if (hsize != kvt_header_size(nsec) || hsize > len || kvt_ld64(dst + H_SIZE) != len)
+  kvt_payload_info h;
+  kvt_header_get(dst, &h);
+  if (h.header_size != kvt_header_size(h.sections) || h.header_size > len || h.size != len)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_finish: not the payload kvt_gpu_store_async "
                     "wrote (length %zu)", len);
-  for (uint32_t i = 0; i < nsec; i++) {
-    uint8_t *ent = dst + HDR_FIXED + (size_t)SEC_ENTRY * i;
-    const uint64_t off = kvt_ld64(ent + S_OFFSET), n = kvt_ld64(ent + S_STORED);
-    if (off + n > len)
+  for (uint32_t i = 0; i < h.sections; i++) {
+    kvt_section_info s;
+    kvt_section_entry_get(dst, i, &s);
+    if (s.offset + s.stored_size > len)
       return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_finish: section %u outside the payload", i);
-    kvt_st64(ent + S_CHECKSUM, kvt_hash64(dst + off, n));
+    kvt_section_entry_set_checksum(dst, i, kvt_hash64(dst + s.offset, s.stored_size));
   }
-  kvt_st64(dst + H_CHECKSUM, kvt_header_checksum(dst, hsize));
+  kvt_header_seal(dst);
   return 0;
 }
 
@@ -614,8 +604,10 @@ static int load_header(kvt_ctx *ctx, const uint8_t *payload, size_t len, int kin
   int e = kvt_gpurt_copy_d2h(fixed, payload, HDR_FIXED);
   if (e)
     return cuda_fail(ctx, e, "cudaMemcpy of the payload header");
-  const uint32_t nsec = kvt_ld32(fixed + H_NSEC);
-  uint64_t hsize = kvt_ld32(fixed + H_HDRSIZE);
+  kvt_payload_info h;
+  kvt_header_get(fixed, &h);
+  const uint32_t nsec = h.sections;
+  uint64_t hsize = h.header_size;
   if (nsec == 0 || nsec % 2 || nsec > 2 * KVT_MAX_LAYERS || hsize != kvt_header_size(nsec) ||
       hsize > len)
     hsize = HDR_FIXED; /* let the parser name what is wrong */
@@ -648,9 +640,10 @@ static int load_sections(kvt_ctx *ctx, const uint8_t *hdr, const uint8_t *body,
   for (uint32_t l = kp->first; l < kp->first + kp->count; l++)
     for (int kind = 0; kind < 2; kind++) {
       const uint32_t i = 2 * l + (uint32_t)kind;
-      const uint8_t *e = hdr + HDR_FIXED + (size_t)SEC_ENTRY * i;
-      const uint64_t off = kvt_ld64(e + S_OFFSET), n = kvt_ld64(e + S_STORED);
-      if (e[S_COMP] != KVT_COMP_NONE)
+      kvt_section_info s;
+      kvt_section_entry_get(hdr, i, &s);
+      const uint64_t off = s.offset, n = s.stored_size;
+      if (s.comp != KVT_COMP_NONE)
         return kvt_fail(ctx, KVT_ENOTSUP, "section %u (layer %u %s) uses the lossless stage: "
                         "the GPU load reads plain sections only", i, kp->layer_begin + l,
                         kind ? "V" : "K");
@@ -659,7 +652,7 @@ static int load_sections(kvt_ctx *ctx, const uint8_t *hdr, const uint8_t *body,
         return kvt_fail(ctx, KVT_ECORRUPT, "section %u at %" PRIu64 "+%" PRIu64 " is not where "
                         "its shape puts it", i, off, n);
       if (body) {
-        const uint64_t want = kvt_ld64(e + S_CHECKSUM), got = kvt_hash64(body + off, n);
+        const uint64_t want = s.checksum, got = kvt_hash64(body + off, n);
         if (want != got)
           return kvt_fail(ctx, KVT_ECHECKSUM, "section %u (layer %u %s) at offset %" PRIu64
                           ": stored checksum %016" PRIx64 ", computed %016" PRIx64, i,
@@ -819,13 +812,14 @@ int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
   if ((rc = payload_addr(ctx, payload, &kind, &dev)) != 0)
     return rc;
   if (kind == KVT_GPU_MEM_DEVICE && has_header) {
-    const uint8_t *h = p->header;
-    if (p->header_len < HDR_FIXED || p->header_len > len ||
-        kvt_ld32(h + H_HDRSIZE) > p->header_len)
+    kvt_payload_info h;
+    memset(&h, 0, sizeof(h));
+    if (p->header_len >= HDR_FIXED)
+      kvt_header_get(p->header, &h);
+    if (p->header_len < HDR_FIXED || p->header_len > len || h.header_size > p->header_len)
       return kvt_fail(ctx, -EINVAL, "kvt_gpu_load: a header copy of %zu bytes, for a payload "
-                      "of %zu whose header says %u", p->header_len, len,
-                      p->header_len >= HDR_FIXED ? kvt_ld32(h + H_HDRSIZE) : 0);
-    hdr = h;
+                      "of %zu whose header says %u", p->header_len, len, h.header_size);
+    hdr = p->header;
   } else if ((rc = load_header(ctx, payload, len, kind, &copy, &hdr)) != 0) {
     return rc;
   }

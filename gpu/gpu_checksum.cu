@@ -10,6 +10,7 @@
 
 #include "gpu_xxh3.cuh"
 #include "kvt_gpu_layout.h"
+#include "payload_layout.h" /* where the checksums are */
 
 /* ---- checksums of payloads in device memory ---- */
 
@@ -30,14 +31,15 @@ __global__ void sections_hash_kernel(uint8_t *payload, uint32_t first, uint32_t 
   if (g >= count) /* the group's 8 lanes leave together */
     return;
   const uint32_t i = first + g;
-  uint8_t *e = payload + 128 + 48 * (uint64_t)i;
-  const uint64_t off = kvt_xxh3::rd64(e + 8), n = kvt_xxh3::rd64(e + 16);
+  uint8_t *e = payload + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
+  const uint64_t off = kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET);
+  const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
   const uint64_t h = group_hash(payload + off, n, lane, gmask);
   if (lane != 0)
     return;
   if (write)
-    *reinterpret_cast<uint64_t *>(e + 32) = h; /* entries are 16-byte aligned */
-  else if (kvt_xxh3::rd64(e + 32) != h)
+    *reinterpret_cast<uint64_t *>(e + KVT_PL_ENTRY_CHECKSUM) = h; /* entries are 16-aligned */
+  else if (kvt_xxh3::rd64(e + KVT_PL_ENTRY_CHECKSUM) != h)
     atomicMin(&st->bad_section, i);
 }
 
@@ -46,7 +48,7 @@ __global__ void header_hash_kernel(uint8_t *payload, uint64_t header_size) {
   const int lane = threadIdx.x & 7;
   const uint64_t h = group_hash(payload, header_size, lane, 0xFFu);
   if (lane == 0)
-    *reinterpret_cast<uint64_t *>(payload + 120) = h;
+    *reinterpret_cast<uint64_t *>(payload + KVT_PL_HEADER_CHECKSUM) = h;
 }
 
 extern "C" int kvt_gpurt_seal(uint8_t *payload, uint32_t sections, uint64_t header_size,

@@ -2,7 +2,8 @@
  * which the C side (gpu_api.c) calls through kvt_gpu_layout.h (the runtime
  * wrappers are in gpu_runtime.cu, the checksum kernels in gpu_checksum.cu).
  *
- * The arithmetic is serde/FORMAT.md section 4's, written with explicit
+ * The arithmetic is serde/FORMAT.md section 4's (the quantization in
+ * codec_device.cuh, shared with the attention cache writer), written with explicit
  * round-to-nearest intrinsics (__fmul_rn, __fadd_rn, __fdiv_rn) so nvcc can
  * neither contract into FMA nor approximate a division: each value equals the
  * CPU reference codec's bit for bit. The element conversions are the ones
@@ -23,12 +24,12 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "codec_device.cuh"
 #include "kvt_gpu_layout.h"
 #include "kvtier/codec.h"
 #include "kvtier/error.h"
 
 #define THREADS 256
-#define TINY_AMAX 7.8886090522101181e-31f /* 2^-100, as codec_internal.h */
 
 /* ---- elements ---- */
 
@@ -135,35 +136,9 @@ __device__ __forceinline__ float ld_f32(const uint8_t *p) {
   return *reinterpret_cast<const float *>(p);
 }
 
-/* ---- the formats' arithmetic (FORMAT.md section 4) ---- */
-
-__device__ __forceinline__ void scale_for(float amax, float qmax, float *scale, float *inv) {
-  if (!(amax >= TINY_AMAX)) {
-    *scale = 0.0f;
-    *inv = 0.0f;
-    return;
-  }
-  *scale = __fdiv_rn(amax, qmax);
-  *inv = __fdiv_rn(1.0f, *scale);
-}
-
-__device__ __forceinline__ uint8_t q_e4m3(float x, float inv) {
-  return (uint8_t)__nv_cvt_float_to_fp8(__fmul_rn(x, inv), __NV_SATFINITE, __NV_E4M3);
-}
-
-__device__ __forceinline__ uint8_t q_i8(float x, float inv) {
-  float r = rintf(__fmul_rn(x, inv));
-  r = r > 127.0f ? 127.0f : r;
-  r = r < -127.0f ? -127.0f : r;
-  return (uint8_t)(int8_t)r;
-}
-
-__device__ __forceinline__ uint8_t q_i4(float x, float zero, float inv) {
-  float r = rintf(__fmul_rn(__fsub_rn(x, zero), inv));
-  r = r > 15.0f ? 15.0f : r;
-  r = r < 0.0f ? 0.0f : r;
-  return (uint8_t)r;
-}
+/* ---- the formats' arithmetic (FORMAT.md section 4) ----
+ * Quantization: codec_device.cuh (scale_for, q_e4m3, q_i8, q_i4, i4_params).
+ * Dequantization, which only the load kernels do, follows. */
 
 __device__ __forceinline__ float dq_e4m3(uint8_t b) {
   __nv_fp8_e4m3 v;
@@ -221,25 +196,6 @@ __device__ __forceinline__ float u_small(uint32_t n) {
 
 __device__ __forceinline__ float i8_small(uint8_t b) {
   return __fsub_rn(__uint_as_float(0x4B000000u | (uint32_t)(b ^ 0x80u)), 8388736.0f);
-}
-
-/* i4 group parameters: false when zero or scale does not fit fp16. */
-__device__ __forceinline__ bool i4_params(float mn, float mx, uint32_t *packed, float *zero,
-                                          float *inv) {
-  mn = __fadd_rn(mn, 0.0f); /* a zero extreme is +0 whatever its sign */
-  mx = __fadd_rn(mx, 0.0f);
-  __half zh = __float2half_rd(mn);
-  float z = __half2float(zh);
-  if (!isfinite(z))
-    return false;
-  __half sh = __float2half_ru(__fdiv_rn(__fsub_rn(mx, z), 15.0f));
-  float s = __half2float(sh);
-  if (!isfinite(s))
-    return false;
-  *packed = (uint32_t)__half_as_ushort(sh) | ((uint32_t)__half_as_ushort(zh) << 16);
-  *zero = z;
-  *inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
-  return true;
 }
 
 /* ---- addressing ---- */
@@ -565,7 +521,7 @@ template <int DT, int C> __device__ void store_i4_dim(const kvt_gpu_kparams &p,
           continue;
         uint32_t packed = 0;
         float zero = 0.0f, inv = 0.0f;
-        if (!i4_params(mn, mx, &packed, &zero, &inv)) {
+        if (!i4_params<true>(mn, mx, &packed, &zero, &inv)) {
           report(p, KVT_ERANGE, s, t, h, (c / cpg) * G);
           continue;
         }
@@ -605,7 +561,7 @@ template <int DT, int C> __device__ void store_i4_dim(const kvt_gpu_kparams &p,
       }
       uint32_t packed;
       float zero, inv;
-      if (!i4_params(mn, mx, &packed, &zero, &inv)) {
+      if (!i4_params<true>(mn, mx, &packed, &zero, &inv)) {
         report(p, KVT_ERANGE, s, t, h, g * G);
         continue;
       }
@@ -663,7 +619,7 @@ template <int DT, int C> __device__ void store_i4_tok(const kvt_gpu_kparams &p,
       continue;
     uint32_t packed[C];
     for (int j = 0; j < C && !bad; j++)
-      if (!i4_params(mn[j], mx[j], &packed[j], &zs[j], &is[j])) {
+      if (!i4_params<true>(mn[j], mx[j], &packed[j], &zs[j], &is[j])) {
         bad = true;
         report(p, KVT_ERANGE, s, t0, h, c * C + j);
       }

@@ -5,7 +5,7 @@
 
 #include "cli_util.h"
 
-int cli_project_main(int argc, char **argv); /* programs/cli_project.c */
+int cli_project_main(int argc, char **argv); /* bench/cli_project.c */
 
 
 static const char usage[] =

@@ -24,11 +24,13 @@ static int parse_header(kvt_ctx *ctx, const uint8_t *b, size_t len, parsed *p) {
   if (len < HDR_FIXED)
     return kvt_fail(ctx, KVT_ETRUNC, "payload of %zu bytes is shorter than the %d-byte header",
                     len, HDR_FIXED);
-  uint16_t major = kvt_ld16(b + H_VMAJOR), minor = kvt_ld16(b + H_VMINOR);
+  kvt_payload_info *in = &p->info;
+  kvt_header_get(b, in);
+  const uint16_t major = in->version_major, minor = in->version_minor;
   if (major != KVT_FORMAT_VERSION)
     return kvt_fail(ctx, KVT_EVERSION, "format version %u.%u at offset 8; this library reads %d.x",
                     major, minor, KVT_FORMAT_VERSION);
-  uint32_t nsec = kvt_ld32(b + H_NSEC), hsize = kvt_ld32(b + H_HDRSIZE);
+  const uint32_t nsec = in->sections, hsize = in->header_size;
   if (nsec == 0 || nsec % 2 || nsec > 2 * KVT_MAX_LAYERS)
     return kvt_fail(ctx, KVT_ECORRUPT, "section count %u at offset %d: must be even, 2..%d",
                     nsec, H_NSEC, 2 * KVT_MAX_LAYERS);
@@ -38,12 +40,12 @@ static int parse_header(kvt_ctx *ctx, const uint8_t *b, size_t len, parsed *p) {
   if (hsize > len)
     return kvt_fail(ctx, KVT_ETRUNC, "payload of %zu bytes ends inside its %u-byte header", len,
                     hsize);
-  uint64_t want = kvt_ld64(b + H_CHECKSUM), got = kvt_header_checksum(b, hsize);
+  uint64_t want = kvt_header_stored_checksum(b), got = kvt_header_checksum(b, hsize);
   if (want != got)
     return kvt_fail(ctx, KVT_ECHECKSUM,
                     "header checksum at offset %d: stored %016" PRIx64 ", computed %016" PRIx64,
                     H_CHECKSUM, want, got);
-  uint64_t size = kvt_ld64(b + H_SIZE);
+  const uint64_t size = in->size;
   if (size > KVT_PAYLOAD_MAX)
     return kvt_fail(ctx, KVT_ETOOBIG, "payload size %" PRIu64 " at offset %d exceeds %" PRIu64,
                     size, H_SIZE, (uint64_t)KVT_PAYLOAD_MAX);
@@ -52,31 +54,6 @@ static int parse_header(kvt_ctx *ctx, const uint8_t *b, size_t len, parsed *p) {
   if (len > size)
     return kvt_fail(ctx, KVT_ECORRUPT, "%zu bytes follow the payload's %" PRIu64 " bytes",
                     len - (size_t)size, size);
-
-  kvt_payload_info *in = &p->info;
-  memset(in, 0, sizeof(*in));
-  in->version_major = major;
-  in->version_minor = minor;
-  in->flags = kvt_ld32(b + H_FLAGS);
-  in->size = size;
-  in->header_size = hsize;
-  in->sections = nsec;
-  memcpy(in->key.bytes, b + H_KEY, 16);
-  memcpy(in->fingerprint.bytes, b + H_FPRINT, 16);
-  in->spec.k_fmt = b[H_KFMT];
-  in->spec.v_fmt = b[H_VFMT];
-  in->spec.scale = b[H_SCALE];
-  in->spec.k_axis = b[H_KAXIS];
-  in->spec.group = kvt_ld16(b + H_GROUP);
-  in->spec.block = kvt_ld16(b + H_BLOCK);
-  in->dtype = b[H_DTYPE];
-  in->model_layers = kvt_ld32(b + H_MLAYERS);
-  in->layer_begin = kvt_ld32(b + H_LBEGIN);
-  in->layers = kvt_ld32(b + H_LCOUNT);
-  in->tokens = kvt_ld32(b + H_TOKENS);
-  in->heads = kvt_ld32(b + H_HEADS);
-  in->head_dim = kvt_ld32(b + H_HDIM);
-  in->token_begin = kvt_ld32(b + H_TBEGIN);
   p->b = b;
   return 0;
 }
@@ -127,19 +104,6 @@ static int check_fields(kvt_ctx *ctx, const parsed *p) {
     return kvt_fail(ctx, KVT_ECORRUPT, "i4 group %u does not fit head_dim %u (offset %d)",
                     in->spec.group, in->head_dim, H_GROUP);
   return 0;
-}
-
-static void read_entry(const uint8_t *b, uint32_t i, kvt_section_info *s) {
-  const uint8_t *e = b + HDR_FIXED + (size_t)SEC_ENTRY * i;
-  memset(s, 0, sizeof(*s)); /* the reserved tail too */
-  s->layer = kvt_ld32(e + S_LAYER);
-  s->is_value = e[S_KIND];
-  s->fmt = e[S_FMT];
-  s->comp = e[S_COMP];
-  s->offset = kvt_ld64(e + S_OFFSET);
-  s->stored_size = kvt_ld64(e + S_STORED);
-  s->raw_size = kvt_ld64(e + S_RAW);
-  s->checksum = kvt_ld64(e + S_CHECKSUM);
 }
 
 static void shape_of(const kvt_payload_info *in, const kvt_section_info *s,
@@ -219,7 +183,7 @@ static int parse(kvt_ctx *ctx, const void *buf, size_t len, parsed *p) {
   for (uint32_t i = 0; i < p->info.sections; i += 2) {
     kvt_section_info s[2];
     for (uint32_t j = 0; j < 2; j++) {
-      read_entry(p->b, i + j, &s[j]);
+      kvt_section_entry_get(p->b, i + j, &s[j]);
       if ((rc = check_entry(ctx, p, i + j, &s[j], kvt_align_up(off, SEC_ALIGN))) != 0)
         return rc;
       off = s[j].offset + s[j].stored_size;
@@ -246,7 +210,7 @@ int kvt_payload_parse(kvt_ctx *ctx, const void *buf, size_t len, kvt_payload_inf
 }
 
 static int verify_section(kvt_ctx *ctx, const parsed *p, uint32_t i, kvt_section_info *s) {
-  read_entry(p->b, i, s);
+  kvt_section_entry_get(p->b, i, s);
   uint64_t got = kvt_hash64(p->b + s->offset, s->stored_size);
   if (got != s->checksum)
     return kvt_fail(ctx, KVT_ECHECKSUM,
@@ -284,7 +248,7 @@ int kvt_payload_section(kvt_ctx *ctx, const void *buf, size_t len, uint32_t i,
     return rc;
   if (i >= p.info.sections || !out)
     return kvt_fail(ctx, -EINVAL, "section %u of %u", i, p.info.sections);
-  read_entry(p.b, i, out);
+  kvt_section_entry_get(p.b, i, out);
   return 0;
 }
 

@@ -5,14 +5,6 @@
 
 #include "serde_internal.h"
 
-uint64_t kvt_header_checksum(const uint8_t *hdr, size_t header_size) {
-  /* The fixed part with a zeroed checksum field, then the section table. */
-  uint8_t fixed[HDR_FIXED];
-  memcpy(fixed, hdr, HDR_FIXED);
-  memset(fixed + H_CHECKSUM, 0, 8);
-  return kvt_hash64_2(fixed, HDR_FIXED, hdr + HDR_FIXED, header_size - HDR_FIXED);
-}
-
 static int check_view(kvt_ctx *ctx, const kvt_codec_spec *spec, const kvt_kv_view *v,
                       uint32_t layer_begin, uint32_t model_layers) {
   if (v && v->struct_size < sizeof(kvt_kv_view))
@@ -85,9 +77,11 @@ int kvt_encode_bound(kvt_ctx *ctx, const kvt_codec_spec *spec, uint32_t layer_be
   return 0;
 }
 
+/* Encodes section i at the next aligned offset and writes its table entry;
+ * *comp gets the compression it ended up with. */
 static int put_section(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_section_shape *s,
                        const kvt_section_src *src, uint8_t *dst, size_t cap, uint64_t *off,
-                       uint8_t *entry) {
+                       uint32_t i, int *comp) {
   uint64_t raw = kvt_section_bytes(&p->spec, s);
   uint64_t start = kvt_align_up(*off, SEC_ALIGN);
   if (start + raw > cap)
@@ -95,7 +89,8 @@ static int put_section(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_secti
   memset(dst + *off, 0, start - *off); /* padding is zero, and verified so */
   uint8_t *at = dst + start;
   uint64_t stored = raw;
-  int comp = KVT_COMP_NONE, rc;
+  int rc;
+  *comp = KVT_COMP_NONE;
   if (p->zstd_level > 0) {
     uint8_t *tmp;
     if ((rc = kvt_scratch_get(ctx, 0, raw, &tmp)) != 0 ||
@@ -107,7 +102,7 @@ static int put_section(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_secti
     if (rc)
       return rc;
     if (clen > 0 && clen < want) {
-      comp = s->fmt == KVT_FMT_N16 ? KVT_COMP_ZSTD_SHUFFLE16 : KVT_COMP_ZSTD;
+      *comp = s->fmt == KVT_FMT_N16 ? KVT_COMP_ZSTD_SHUFFLE16 : KVT_COMP_ZSTD;
       stored = clen;
     } else {
       memcpy(at, tmp, raw);
@@ -115,15 +110,9 @@ static int put_section(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_secti
   } else if ((rc = kvt_section_encode(ctx, &p->spec, s, src, at)) != 0) {
     return rc;
   }
-  memset(entry, 0, SEC_ENTRY);
-  kvt_st32(entry + S_LAYER, s->layer);
-  entry[S_KIND] = (uint8_t)s->is_value;
-  entry[S_FMT] = (uint8_t)s->fmt;
-  entry[S_COMP] = (uint8_t)comp;
-  kvt_st64(entry + S_OFFSET, start);
-  kvt_st64(entry + S_STORED, stored);
-  kvt_st64(entry + S_RAW, raw);
-  kvt_st64(entry + S_CHECKSUM, kvt_hash64(at, stored));
+  const kvt_section_info e = {s->layer, s->is_value, s->fmt, *comp, start, stored, raw,
+                              kvt_hash64(at, stored), {0, 0}};
+  kvt_section_entry_put(dst, i, &e);
   *off = start + stored;
   return 0;
 }
@@ -131,33 +120,25 @@ static int put_section(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_secti
 static void put_header(const kvt_encode_params *p, const kvt_kv_view *v, uint8_t *dst,
                        uint32_t model_layers, uint32_t nsec, uint64_t hsize, uint64_t size,
                        uint32_t flags) {
-  memset(dst, 0, HDR_FIXED);
-  memcpy(dst + H_MAGIC, KVT_MAGIC, 8);
-  kvt_st16(dst + H_VMAJOR, KVT_FORMAT_VERSION);
-  kvt_st16(dst + H_VMINOR, KVT_FORMAT_MINOR);
-  kvt_st32(dst + H_HDRSIZE, (uint32_t)hsize);
-  kvt_st64(dst + H_SIZE, size);
-  kvt_st32(dst + H_FLAGS, flags);
-  kvt_st32(dst + H_NSEC, nsec);
-  memcpy(dst + H_KEY, p->key.bytes, 16);
-  memcpy(dst + H_FPRINT, p->fingerprint.bytes, 16);
-  dst[H_KFMT] = p->spec.k_fmt;
-  dst[H_VFMT] = p->spec.v_fmt;
-  dst[H_SCALE] = p->spec.scale;
-  dst[H_KAXIS] = p->spec.k_axis;
-  kvt_st16(dst + H_GROUP, p->spec.group);
-  kvt_st16(dst + H_BLOCK, p->spec.block);
-  dst[H_DTYPE] = (uint8_t)v->dtype;
-  kvt_st32(dst + H_MLAYERS, model_layers);
-  kvt_st32(dst + H_LBEGIN, p->layer_begin);
-  kvt_st32(dst + H_LCOUNT, v->layers);
-  kvt_st32(dst + H_TOKENS, v->tokens);
-  kvt_st32(dst + H_HEADS, v->heads);
-  kvt_st32(dst + H_HDIM, v->head_dim);
-  kvt_st32(dst + H_TBEGIN, p->token_begin);
-  memset(dst + HDR_FIXED + (size_t)SEC_ENTRY * nsec, 0,
-         hsize - HDR_FIXED - (size_t)SEC_ENTRY * nsec);
-  kvt_st64(dst + H_CHECKSUM, kvt_header_checksum(dst, hsize));
+  kvt_payload_info h;
+  memset(&h, 0, sizeof(h));
+  h.flags = flags;
+  h.size = size;
+  h.header_size = (uint32_t)hsize;
+  h.sections = nsec;
+  h.key = p->key;
+  h.fingerprint = p->fingerprint;
+  h.spec = p->spec;
+  h.dtype = v->dtype;
+  h.model_layers = model_layers;
+  h.layer_begin = p->layer_begin;
+  h.layers = v->layers;
+  h.tokens = v->tokens;
+  h.heads = v->heads;
+  h.head_dim = v->head_dim;
+  h.token_begin = p->token_begin;
+  kvt_header_put(dst, &h);
+  kvt_header_seal(dst);
 }
 
 static int encode(kvt_ctx *ctx, const kvt_encode_params *p_in, const kvt_kv_view *v,
@@ -204,15 +185,14 @@ static int encode(kvt_ctx *ctx, const kvt_encode_params *p_in, const kvt_kv_view
       src.base = (const uint16_t *)(kv ? v->v : v->k) + (int64_t)l * (kv ? v->v_stride : v->k_stride)[0];
       src.stride_t = (kv ? v->v_stride : v->k_stride)[1];
       src.stride_h = (kv ? v->v_stride : v->k_stride)[2];
-      uint8_t *entry = dst + HDR_FIXED + (size_t)SEC_ENTRY * (2 * l + kv);
-      if ((rc = put_section(ctx, p, &s, &src, dst, cap, &off, entry)) != 0)
+      int comp = KVT_COMP_NONE;
+      if ((rc = put_section(ctx, p, &s, &src, dst, cap, &off, 2 * l + kv, &comp)) != 0)
         return rc;
-      if (entry[S_COMP] != KVT_COMP_NONE)
+      if (comp != KVT_COMP_NONE)
         flags |= KVT_FLAG_LOSSLESS;
     }
   /* The payload ends where the last section ends: no trailing padding. */
-  const uint8_t *last = dst + HDR_FIXED + (size_t)SEC_ENTRY * (nsec - 1);
-  uint64_t size = kvt_ld64(last + S_OFFSET) + kvt_ld64(last + S_STORED);
+  const uint64_t size = off;
   if (size > KVT_PAYLOAD_MAX)
     return kvt_fail(ctx, KVT_ETOOBIG, "payload of %llu bytes exceeds the %llu limit",
                     (unsigned long long)size, (unsigned long long)KVT_PAYLOAD_MAX);

@@ -1,18 +1,16 @@
-/* serde/serde_internal.h - byte offsets of the payload format (FORMAT.md)
- * and the helpers the writer and reader share. */
+/* serde/serde_internal.h - byte offsets of the payload format (FORMAT.md),
+ * private to serde/, and the helpers the writer and reader share. Code
+ * outside serde/ reads and writes the header through payload_layout.h. */
 #ifndef KVT_SERDE_INTERNAL_H
 #define KVT_SERDE_INTERNAL_H
 
 #include "codec_internal.h"
 #include "kvt_internal.h"
 #include "kvtier/payload.h"
+#include "payload_layout.h"
 
 #define KVT_MAGIC "\x89KVT\r\n\x1a\n"
 #define KVT_FORMAT_MINOR 0
-
-#define HDR_FIXED 128
-#define SEC_ENTRY 48
-#define SEC_ALIGN 64
 
 /* Fixed header offsets. */
 enum {
@@ -41,7 +39,7 @@ enum {
   H_HDIM = 96,
   H_TBEGIN = 100,
   H_RSV1 = 104, /* 16 bytes */
-  H_CHECKSUM = 120
+  H_CHECKSUM = KVT_PL_HEADER_CHECKSUM
 };
 
 /* Section table entry offsets. */
@@ -51,21 +49,14 @@ enum {
   S_FMT = 5,
   S_COMP = 6,
   S_RSV0 = 7,
-  S_OFFSET = 8,
-  S_STORED = 16,
+  S_OFFSET = KVT_PL_ENTRY_OFFSET,
+  S_STORED = KVT_PL_ENTRY_STORED,
   S_RAW = 24,
-  S_CHECKSUM = 32,
+  S_CHECKSUM = KVT_PL_ENTRY_CHECKSUM,
   S_RSV1 = 40
 };
 
 #define KVT_FLAG_LOSSLESS KVT_PAYLOAD_FLAG_LOSSLESS
-
-static inline uint64_t kvt_header_size(uint32_t sections) {
-  return kvt_align_up(HDR_FIXED + (uint64_t)SEC_ENTRY * sections, SEC_ALIGN);
-}
-
-/* XXH3-64 of the header with its checksum field taken as zero. */
-uint64_t kvt_header_checksum(const uint8_t *hdr, size_t header_size);
 
 /* Lossless stage (serde/lossless.c). Scratch buffers live on the context. */
 typedef struct kvt_serde_scratch kvt_serde_scratch;

@@ -1,4 +1,4 @@
-/* tests/test_model_json.c - the JSON reader (bench/model_json.c) and the
+/* tests/test_model_json.c - the JSON reader (model/model_json.c) and the
  * Hugging Face config.json reader (kvt_model_from_hf_config) on real config
  * shapes (Llama, Qwen2 with its unused sliding window, Mistral v0.1's
  * all-layer window, Gemma 3's multimodal text_config with layer_types,

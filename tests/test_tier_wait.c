@@ -77,7 +77,7 @@ static void test_tier_wait_times_out_and_can_wait_again(void **state) {
   (void)state;
   static const kvt_tier_backend held = {KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "held",
                                         held_open, held_close, held_submit, NULL, NULL, NULL,
-                                        NULL, NULL, NULL, NULL, NULL};
+                                        NULL, NULL, NULL, NULL, NULL, 0, NULL};
   kvt_tier *t;
   assert_int_equal(kvt_tier_open_backend(ctx, &held, "", &t), 0);
   kvt_key k = {{9}};
@@ -102,7 +102,7 @@ static void test_tier_wait_times_out_and_can_wait_again(void **state) {
 static void test_tier_backend_table_of_an_older_size_opens(void **state) {
   (void)state;
   kvt_tier_backend old = {KVT_TIER_ABI_VERSION, 0, "old", held_open, held_close, held_submit,
-                          NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                          NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL};
   old.struct_size = (uint32_t)offsetof(kvt_tier_backend, borrow);
   kvt_tier *t = NULL;
   assert_int_equal(kvt_tier_open_backend(ctx, &old, "", &t), 0);

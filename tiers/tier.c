@@ -470,6 +470,14 @@ int kvt_tier_list(kvt_tier *t, kvt_tier_list_fn fn, void *opaque) {
 #define HAS_MEMBER(be, m) \
   ((be)->struct_size >= offsetof(kvt_tier_backend, m) + sizeof((be)->m) && (be)->m)
 
+uint32_t kvt_tier_traits(const kvt_tier *t) {
+  if (!t)
+    return 0;
+  if (HAS_MEMBER(t->be, traits_of))
+    return t->be->traits_of(t->state);
+  return HAS_MEMBER(t->be, traits) ? t->be->traits : 0;
+}
+
 int kvt_tier_borrow(kvt_tier *t, const kvt_key *key, kvt_tier_loan *loan) {
   if (!t || !key || !loan)
     return -EINVAL;

@@ -21,13 +21,17 @@
  * load kernel read payloads at full speed; never per payload, and nothing is
  * pinned for a lookup. pin=on refuses to open without a device; pin=off
  * never calls CUDA (a process that forks after opening wants that). A slab
- * that fails to pin stays ordinary memory, with a warning. */
+ * that fails to pin stays ordinary memory, with a warning.
+ *
+ * The hbm tier (tiers/tier_hbm.c) is this allocator over device memory: its
+ * slabs and copies come from the kvt_dram_mem it hands over. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 
 #include "kvtier/gpu.h"
-#include "tier_index.h"
+#include "key_index.h"
+#include "tier_dram.h"
 #include "tier_internal.h"
 
 /* Builds with AddressSanitizer poison every free byte of a slab, so a copy
@@ -70,7 +74,7 @@ typedef struct slab {
   int pinned;  /* registered with CUDA */
 } slab;
 
-/* Index entries (tier_index.h) use off and slab for the block, and pin:
+/* Index entries (key_index.h) use off and slab for the block, and pin:
  * 1 + index of its pin record, 0 when no reader holds it. */
 typedef kvt_index_entry entry;
 
@@ -82,7 +86,9 @@ typedef struct pin {
   int dead; /* deleted or replaced while read: the last reader frees it */
 } pin;
 
-typedef struct dram {
+typedef struct kvt_dram dram;
+
+struct kvt_dram {
   kvt_ctx *ctx;
   kvt_tier *tier;
   /* Guards everything below; never held across a payload copy. Also
@@ -100,42 +106,17 @@ typedef struct dram {
   uint8_t free_pins[NPINS];
   unsigned n_free_pins;
   int hbm;               /* the hbm tier: slabs are device memory on device `dev` */
+  const kvt_dram_mem *mem; /* hbm: where device slabs come from */
   int dev;
   int pin_slabs;         /* register new slabs with CUDA */
   int pin_warned;        /* a registration failed once: said so */
   uint64_t pinned_bytes; /* slab bytes registered */
-} dram;
+};
 
-/* ---- memory: host, or device for the hbm tier ---------------------------------- */
+/* ---- memory: host, or device for the hbm tier (kvt_dram_mem) ---------------- */
 
-#ifdef KVT_HAVE_CUDA
-#include "kvt_gpu_layout.h" /* kvt_gpurt_*: the CUDA runtime, behind C wrappers */
-#endif
-
-static void *mem_alloc_device(dram *d, uint64_t size) {
-#ifdef KVT_HAVE_CUDA
-  void *p = NULL;
-  if (kvt_gpurt_set_device(d->dev) || kvt_gpurt_malloc(&p, (size_t)size))
-    return NULL;
-  return p;
-#else
-  (void)d, (void)size;
-  return NULL;
-#endif
-}
-
-static void mem_free_device(dram *d, void *p) {
-#ifdef KVT_HAVE_CUDA
-  if (p && !kvt_gpurt_set_device(d->dev))
-    kvt_gpurt_free(p);
-#else
-  (void)d, (void)p;
-#endif
-}
-
-/* Copies len bytes: memcpy for host slabs; for device slabs a CUDA copy
- * whose direction comes from the pointers (unified addressing), so callers
- * may pass host or device buffers. Returns 0 or -EIO (a CUDA error). */
+/* Copies len bytes: memcpy for host slabs, the device memory's copy for device slabs.
+ * Returns 0 or -EIO (a CUDA error). */
 static int mem_copy(dram *d, void *dst, const void *src, uint64_t len) {
   if (!len)
     return 0;
@@ -143,11 +124,7 @@ static int mem_copy(dram *d, void *dst, const void *src, uint64_t len) {
     memcpy(dst, src, (size_t)len);
     return 0;
   }
-#ifdef KVT_HAVE_CUDA
-  return kvt_gpurt_set_device(d->dev) || kvt_gpurt_copy_default(dst, src, (size_t)len) ? -EIO : 0;
-#else
-  return -EIO;
-#endif
+  return d->mem->copy(d->dev, dst, src, len);
 }
 
 /* ---- slab allocator --------------------------------------------------------- */
@@ -177,7 +154,7 @@ static void slab_release(dram *d, slab *s) {
     d->pinned_bytes -= s->size;
   }
   if (d->hbm) {
-    mem_free_device(d, s->base);
+    d->mem->free(d->dev, s->base);
   } else {
     UNPOISON(s->base, s->size);
     kvt_dealloc(d->ctx, s->base);
@@ -233,10 +210,10 @@ static int slab_add(dram *d, uint64_t need, uint32_t *out) {
   if (rc)
     return rc;
   slab *s = &d->slabs[i];
-  s->base = d->hbm ? mem_alloc_device(d, size) : kvt_alloc(d->ctx, (size_t)size, SLAB_ALIGN);
+  s->base = d->hbm ? d->mem->alloc(d->dev, size) : kvt_alloc(d->ctx, (size_t)size, SLAB_ALIGN);
   if (!s->base || ext_reserve(d, s, 2) != 0) {
     if (d->hbm)
-      mem_free_device(d, s->base);
+      d->mem->free(d->dev, s->base);
     else
       kvt_dealloc(d->ctx, s->base);
     kvt_dealloc(d->ctx, s->ext);
@@ -520,7 +497,7 @@ static int op_query(dram *d, kvt_tier_op *op) {
 
 /* ---- backend table ------------------------------------------------------------ */
 
-static int dram_submit(void *state, kvt_tier_op *op) {
+int kvt_dram_submit(void *state, kvt_tier_op *op) {
   dram *d = state;
   int rc;
   switch (op->opcode) {
@@ -584,7 +561,7 @@ static int pin_probe(kvt_ctx *ctx) {
   return r;
 }
 
-static dram *dram_new(kvt_ctx *ctx, kvt_tier *tier, uint64_t cap) {
+dram *kvt_dram_new(kvt_ctx *ctx, kvt_tier *tier, uint64_t cap) {
   dram *d = kvt_alloc(ctx, sizeof(*d), 64);
   if (!d)
     return NULL;
@@ -604,6 +581,18 @@ static dram *dram_new(kvt_ctx *ctx, kvt_tier *tier, uint64_t cap) {
   return d;
 }
 
+void kvt_dram_use_device(dram *d, const kvt_dram_mem *mem, int dev) {
+  d->hbm = 1;
+  d->mem = mem;
+  d->dev = dev;
+  /* Device slabs of up to 256 MiB: fewer cudaMalloc calls, all freed on close. */
+  d->slab_size = (d->capacity < 4 * SLAB_MAX ? d->capacity : 4 * SLAB_MAX) & ~(uint64_t)(GRANULE - 1);
+}
+
+uint64_t kvt_dram_slab_size(const dram *d) {
+  return d->slab_size;
+}
+
 static int dram_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
   uint64_t cap = 0;
   int mode = 1;
@@ -614,7 +603,7 @@ static int dram_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **stat
   if (mode == 2 && pr)
     return kvt_fail(ctx, pr, "dram tier: pin=on, but host memory cannot be pinned: %s",
                     kvt_ctx_last_error(ctx)[0] ? kvt_ctx_last_error(ctx) : kvt_strerror(pr));
-  dram *d = dram_new(ctx, tier, cap);
+  dram *d = kvt_dram_new(ctx, tier, cap);
   if (!d)
     return kvt_fail(ctx, -ENOMEM, "dram tier: allocating its state");
   d->pin_slabs = mode && pr == 0;
@@ -628,36 +617,7 @@ static int dram_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **stat
   return 0;
 }
 
-#ifdef KVT_HAVE_CUDA
-/* hbm:DEV:SIZE - the same allocator over device memory of CUDA device DEV. */
-static int hbm_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
-  char *end = NULL;
-  const char *colon = args ? strchr(args, ':') : NULL;
-  const long dev = colon ? strtol(args, &end, 10) : -1;
-  uint64_t cap = 0;
-  if (!colon || end != colon || dev < 0 || dev > 1023 || kvt_parse_size(colon + 1, &cap) != 0 ||
-      cap == 0)
-    return kvt_fail(ctx, -EINVAL,
-                    "hbm tier: '%s': expected DEV:SIZE, e.g. hbm:0:20GiB (CUDA device, capacity)",
-                    args ? args : "");
-  int n = 0;
-  if (kvt_gpurt_device_count(&n) || dev >= n)
-    return kvt_fail(ctx, KVT_ENOTSUP, "hbm tier: no CUDA device %ld (%d present)", dev, n);
-  dram *d = dram_new(ctx, tier, cap);
-  if (!d)
-    return kvt_fail(ctx, -ENOMEM, "hbm tier: allocating its state");
-  d->hbm = 1;
-  d->dev = (int)dev;
-  /* Device slabs of up to 256 MiB: fewer cudaMalloc calls, all freed on close. */
-  d->slab_size = (cap < 4 * SLAB_MAX ? cap : 4 * SLAB_MAX) & ~(uint64_t)(GRANULE - 1);
-  kvt_logf(ctx, KVT_LOG_INFO, "hbm tier: %llu bytes of device %d in slabs of %llu",
-           (unsigned long long)cap, d->dev, (unsigned long long)d->slab_size);
-  *state = d;
-  return 0;
-}
-#endif
-
-static void dram_close(void *state) {
+void kvt_dram_close(void *state) {
   dram *d = state;
   kvt_ctx *ctx = d->ctx;
   if (d->n_free_pins != NPINS) /* tier.h: every loan is returned before close */
@@ -673,7 +633,7 @@ static void dram_close(void *state) {
   kvt_dealloc(ctx, d);
 }
 
-static int dram_stats(void *state, kvt_tier_stats *out) {
+int kvt_dram_stats(void *state, kvt_tier_stats *out) {
   dram *d = state;
   pthread_mutex_lock(&d->mu);
   out->capacity = d->capacity;
@@ -688,7 +648,7 @@ static int dram_stats(void *state, kvt_tier_stats *out) {
 
 /* fn runs on a copy taken under the lock, so it may call back into the tier
  * (GET what it is shown, DEL it) without deadlocking or invalidating the walk. */
-static int dram_list(void *state, kvt_tier_list_fn fn, void *opaque) {
+int kvt_dram_list(void *state, kvt_tier_list_fn fn, void *opaque) {
   dram *d = state;
   pthread_mutex_lock(&d->mu);
   const uint64_t n = d->ix.items;
@@ -710,7 +670,7 @@ static int dram_list(void *state, kvt_tier_list_fn fn, void *opaque) {
 
 /* Lends e's bytes in place: the block is pinned (not freed, moved or
  * replaced) until returned, as for a GET's copy. */
-static int dram_borrow(void *state, const kvt_key *key, kvt_tier_loan *loan) {
+int kvt_dram_borrow(void *state, const kvt_key *key, kvt_tier_loan *loan) {
   dram *d = state;
   pthread_mutex_lock(&d->mu);
   entry *e = kvt_index_find(&d->ix, key);
@@ -734,7 +694,7 @@ static int dram_borrow(void *state, const kvt_key *key, kvt_tier_loan *loan) {
   return 0;
 }
 
-static void dram_unborrow(void *state, kvt_tier_loan *loan) {
+void kvt_dram_unborrow(void *state, kvt_tier_loan *loan) {
   dram *d = state;
   if (!loan->internal)
     return;
@@ -746,8 +706,8 @@ static void dram_unborrow(void *state, kvt_tier_loan *loan) {
 
 /* kvt_tier_reserve: the first step of op_put, its block lent to the caller;
  * internal[] holds the slab, the offset and a tag naming this tier. */
-static int dram_reserve(void *state, const kvt_key *key, uint64_t len,
-                        kvt_tier_reservation *res) {
+int kvt_dram_reserve(void *state, const kvt_key *key, uint64_t len,
+                     kvt_tier_reservation *res) {
   dram *d = state;
   uint32_t si;
   uint64_t off;
@@ -763,7 +723,7 @@ static int dram_reserve(void *state, const kvt_key *key, uint64_t len,
   return 0;
 }
 
-static int dram_publish(void *state, kvt_tier_reservation *res) {
+int kvt_dram_publish(void *state, kvt_tier_reservation *res) {
   dram *d = state;
   if (!(res->internal[0] & 1u))
     return -EINVAL;
@@ -772,7 +732,7 @@ static int dram_publish(void *state, kvt_tier_reservation *res) {
   return 0;
 }
 
-static void dram_abort(void *state, kvt_tier_reservation *res) {
+void kvt_dram_abort(void *state, kvt_tier_reservation *res) {
   dram *d = state;
   if (!(res->internal[0] & 1u))
     return;
@@ -781,15 +741,18 @@ static void dram_abort(void *state, kvt_tier_reservation *res) {
 }
 
 const kvt_tier_backend kvt_tier_backend_dram = {
-    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "dram", dram_open, dram_close, dram_submit,
-    NULL, dram_stats, dram_list, dram_borrow, dram_unborrow, dram_reserve, dram_publish,
-    dram_abort,
+    .abi_version = KVT_TIER_ABI_VERSION,
+    .struct_size = sizeof(kvt_tier_backend),
+    .scheme = "dram",
+    .open = dram_open,
+    .close = kvt_dram_close,
+    .submit = kvt_dram_submit,
+    .stats = kvt_dram_stats,
+    .list = kvt_dram_list,
+    .borrow = kvt_dram_borrow,
+    .unborrow = kvt_dram_unborrow,
+    .reserve = kvt_dram_reserve,
+    .publish = kvt_dram_publish,
+    .abort = kvt_dram_abort,
+    .traits = KVT_TIER_HOST_MEMORY,
 };
-
-#ifdef KVT_HAVE_CUDA
-const kvt_tier_backend kvt_tier_backend_hbm = {
-    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "hbm", hbm_open, dram_close, dram_submit,
-    NULL, dram_stats, dram_list, dram_borrow, dram_unborrow, dram_reserve, dram_publish,
-    dram_abort,
-};
-#endif

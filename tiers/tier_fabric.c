@@ -935,6 +935,13 @@ static int fab_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state
 }
 
 const kvt_tier_backend kvt_tier_backend_fabric = {
-    KVT_TIER_ABI_VERSION, sizeof(kvt_tier_backend), "fabric", fab_open, fab_close, fab_submit,
-    NULL, fab_stats, fab_list, NULL, NULL, NULL, NULL, NULL, /* no loans, no reservations */
+    .abi_version = KVT_TIER_ABI_VERSION,
+    .struct_size = sizeof(kvt_tier_backend),
+    .scheme = "fabric",
+    .open = fab_open,
+    .close = fab_close,
+    .submit = fab_submit,
+    .stats = fab_stats,
+    .list = fab_list,
+    .traits = KVT_TIER_PERSISTENT | KVT_TIER_SHARED | KVT_TIER_REMOTE,
 };

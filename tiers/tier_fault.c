@@ -341,6 +341,12 @@ static int fault_list(void *state, kvt_tier_list_fn fn, void *opaque) {
   return kvt_tier_list(st->inner, fn, opaque);
 }
 
+/* What the inner tier is: a decorator changes what happens to operations,
+ * not where payloads live. */
+static uint32_t fault_traits(void *state) {
+  return kvt_tier_traits(((const fault_state *)state)->inner);
+}
+
 const kvt_tier_backend kvt_tier_backend_fault = {
     .abi_version = KVT_TIER_ABI_VERSION,
     .struct_size = sizeof(kvt_tier_backend),
@@ -351,4 +357,5 @@ const kvt_tier_backend kvt_tier_backend_fault = {
     .progress = NULL,
     .stats = fault_stats,
     .list = fault_list,
+    .traits_of = fault_traits,
 };

@@ -8,15 +8,15 @@
 
 extern const kvt_tier_backend kvt_tier_backend_dram;  /* tiers/tier_dram.c */
 #ifdef KVT_HAVE_CUDA
-extern const kvt_tier_backend kvt_tier_backend_hbm;   /* tiers/tier_dram.c, device memory */
+extern const kvt_tier_backend kvt_tier_backend_hbm;   /* tiers/tier_hbm.c */
 #endif
-extern const kvt_tier_backend kvt_tier_backend_nvme;  /* tiers/tier_nvme.c */
+extern const kvt_tier_backend kvt_tier_backend_nvme;  /* tiers/nvme/tier_nvme*.c */
 #ifdef KVT_HAVE_HIREDIS
-extern const kvt_tier_backend kvt_tier_backend_redis;         /* tiers/tier_redis*.c */
+extern const kvt_tier_backend kvt_tier_backend_redis;         /* tiers/redis/tier_redis*.c */
 extern const kvt_tier_backend kvt_tier_backend_redis_cluster; /* redis+cluster:// */
 #endif
 #ifdef KVT_HAVE_FABRIC
-extern const kvt_tier_backend kvt_tier_backend_fabric; /* tiers/tier_fabric*.c */
+extern const kvt_tier_backend kvt_tier_backend_fabric; /* tiers/tier_fabric.c */
 #endif
 extern const kvt_tier_backend kvt_tier_backend_fault; /* tiers/tier_fault.c */
 extern const kvt_tier_backend kvt_tier_backend_trace; /* tiers/tier_trace.c */

@@ -91,6 +91,12 @@ static int trace_list(void *state, kvt_tier_list_fn fn, void *opaque) {
   return kvt_tier_list(st->inner, fn, opaque);
 }
 
+/* What the inner tier is: a decorator changes what happens to operations,
+ * not where payloads live. */
+static uint32_t trace_traits(void *state) {
+  return kvt_tier_traits(((const trace_state *)state)->inner);
+}
+
 const kvt_tier_backend kvt_tier_backend_trace = {
     .abi_version = KVT_TIER_ABI_VERSION,
     .struct_size = sizeof(kvt_tier_backend),
@@ -101,4 +107,5 @@ const kvt_tier_backend kvt_tier_backend_trace = {
     .progress = NULL,
     .stats = trace_stats,
     .list = trace_list,
+    .traits_of = trace_traits,
 };

@@ -1,5 +1,5 @@
 /* transport/kvt_proto.h - the kvtier-server control protocol, shared by the
- * server (programs/server_*.c) and its client, the fabric tier
+ * server (server/) and its client, the fabric tier
  * (tiers/tier_fabric.c).
  *
  * Control messages are small (at most KVT_PROTO_MSG_MAX bytes) and travel as

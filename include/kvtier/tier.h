@@ -187,6 +187,23 @@ KVT_API int kvt_tier_reserve(kvt_tier *tier, const kvt_key *key, uint64_t len,
 KVT_API int kvt_tier_publish(kvt_tier *tier, kvt_tier_reservation *res);
 KVT_API void kvt_tier_abort(kvt_tier *tier, kvt_tier_reservation *res);
 
+/* What a tier is: the cache and the server decide by these bits, never by
+ * the spec's scheme, so a backend registered with kvt_tier_open_backend is
+ * treated like a built-in one of the same traits. */
+enum kvt_tier_trait {
+  KVT_TIER_PERSISTENT = 1u << 0,  /* survives a restart: the cache lists it at open */
+  KVT_TIER_SHARED = 1u << 1,      /* other processes write it too: the cache asks it
+                                     about keys its index misses */
+  KVT_TIER_DEVICE = 1u << 2,      /* payloads live in GPU memory: lent bytes are
+                                     device pointers */
+  KVT_TIER_HOST_MEMORY = 1u << 3, /* payloads live in this process's host memory:
+                                     lent and reserved blocks are host pointers */
+  KVT_TIER_REMOTE = 1u << 4       /* reached over a network */
+};
+
+/* The tier's KVT_TIER_* bits (0 for NULL). Thread-safe. */
+KVT_API uint32_t kvt_tier_traits(const kvt_tier *tier);
+
 /* Parses a size with a unit ("8GiB", "512MB", "4096"): B, KiB, MiB, GiB, TiB
  * (or K, M, G, T; powers of 1024) and KB, MB, GB, TB (powers of 1000), as
  * in tier specs. Returns 0 or -EINVAL. */
@@ -227,6 +244,11 @@ typedef struct kvt_tier_backend {
   int (*reserve)(void *state, const kvt_key *key, uint64_t len, kvt_tier_reservation *res);
   int (*publish)(void *state, kvt_tier_reservation *res);
   void (*abort)(void *state, kvt_tier_reservation *res);
+  /* Appended in 0.3: what every instance of this backend is (KVT_TIER_*
+   * trait bits; 0 for a table that ends before it), or, when traits_of is
+   * set, what this instance is (decorators answer for their inner tier). */
+  uint32_t traits;
+  uint32_t (*traits_of)(void *state);
 } kvt_tier_backend;
 
 /* Backends call this exactly once per accepted operation, with op->result

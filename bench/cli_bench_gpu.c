@@ -1,0 +1,494 @@
+/* bench/cli_bench_gpu.c - `kvtier bench gpu`: the fused GPU store and load
+ * (kvtier/gpu.h) of every preset between a paged bf16 cache and pinned host
+ * payloads, each against cudaMemcpyAsync of the same payload bytes measured
+ * in the same run (STYLE.md: a claim is a ratio against a baseline). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+#include "kvtier/gpu.h"
+#include "synth.h"
+
+int cli_bench_gpu_main(int argc, char **argv);
+
+static const char gpu_help[] =
+    "Usage: kvtier bench gpu [--iters N] [--max-tokens T]\n"
+    "\n"
+    "On the first CUDA device, for a Llama-3.1-8B shaped cache (32 layers, 8 KV\n"
+    "heads, head_dim 128, bf16, vLLM flash-attn layout, 16-token blocks, 32768\n"
+    "slots, blocks in shuffled order), and transfers from one 256-token chunk of\n"
+    "one layer to a whole 32K-token context (8 payloads of 4096 tokens x 32\n"
+    "layers), times per preset with CUDA events on one stream:\n"
+    "  memcpy H2D / D2H  cudaMemcpyAsync of the same payload bytes between pinned\n"
+    "                    host memory and device memory (the baseline)\n"
+    "  load              kvt_gpu_load from pinned host payloads into the slots\n"
+    "                    (KVT_GPU_LOAD_TRUST_HOST: checksums verified once before),\n"
+    "                    staged through the layout's device slots by the copy engine\n"
+    "  zcopy, staged     the same load forced to read host memory from the kernel\n"
+    "                    (KVT_GPU_LOAD_ZERO_COPY) or to be staged (KVT_GPU_LOAD_STAGED),\n"
+    "                    as ratios to H2D\n"
+    "  store             kvt_gpu_store_async into pinned host payloads (kernel)\n"
+    "and on the host: verify (kvt_payload_verify, the load's checksum cost) and\n"
+    "seal (kvt_gpu_store_finish's checksums). Reports medians: payload GB/s, the\n"
+    "ratio to memcpy, and restored 16-bit KV GB/s (raw K+V bytes / load time).\n"
+    "Then the HBM case, payloads in device memory, as GB/s of bytes read and\n"
+    "written against cudaMemcpyAsync device-to-device of the payload bytes:\n"
+    "load (KVT_GPU_LOAD_TRUST_DEVICE, with the host copy of the header that a\n"
+    "caller keeps: kvt_gpu_load_params.header), checked load (GPU XXH3 of the sections\n"
+    "first; host wall time, it waits), and store (kernel + GPU checksums).\n"
+    "\n"
+    "Options:\n"
+    "  --iters N       timed iterations per measurement (5), after one warm-up\n"
+    "  --max-tokens T  skip transfers of more than T tokens per payload set (32768)\n";
+
+#ifndef KVT_HAVE_CUDA
+
+int cli_bench_gpu_main(int argc, char **argv) {
+  if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+    fputs(gpu_help, stdout);
+    return CLI_OK;
+  }
+  cli_error("bench gpu: this kvtier was built without CUDA");
+  return CLI_EFAIL;
+}
+
+#else
+#include <cuda_runtime_api.h>
+
+#define LAYERS 32
+#define HEADS 8
+#define HDIM 128
+#define BS 16
+#define SLOTS 32768
+#define MAX_ITERS 50
+#define HDR_COPY 16384 /* bytes of each HBM payload's header kept on the host */
+
+static const char *const gpu_specs[] = {
+    "raw", "k16v8", "fp8", "int8", "k16v4", "k8v4", "int4", "int4,kgroup=dim",
+};
+#define N_SPECS (sizeof(gpu_specs) / sizeof(gpu_specs[0]))
+
+typedef struct gsize {
+  const char *name;
+  uint32_t tokens, layers, payloads;
+} gsize;
+
+static const gsize gpu_sizes[] = {
+    {"256 tok x 1 layer", 256, 1, 1},
+    {"256 tok x 32 layers", 256, 32, 1},
+    {"1024 tok x 32 layers", 1024, 32, 1},
+    {"4096 tok x 32 layers", 4096, 32, 1},
+    {"32K ctx: 8 x 4096 tok x 32 layers", 4096, 32, 8},
+};
+#define N_SIZES (sizeof(gpu_sizes) / sizeof(gpu_sizes[0]))
+
+typedef struct gbench {
+  kvt_ctx *ctx;
+  cudaStream_t st;
+  cudaEvent_t e0, e1;
+  void *layers[LAYERS];
+  int64_t *slots; /* device [SLOTS] */
+  kvt_gpu_layout *L;
+  uint8_t *pin;   /* pinned, mapped: 8 payloads of up to `each` bytes */
+  size_t each;
+  void *dev;      /* memcpy target: one payload */
+  uint8_t *hbm;   /* device memory: 8 payloads of up to `each` bytes (the HBM case) */
+  uint8_t *hdr;   /* host: their headers, HDR_COPY bytes each */
+  uint32_t iters;
+} gbench;
+
+static int cu(cudaError_t e, const char *what) {
+  if (e == cudaSuccess)
+    return 0;
+  cli_error("bench gpu: %s: %s", what, cudaGetErrorString(e));
+  return CLI_EFAIL;
+}
+
+static int kv_fail(gbench *g, const char *what, int rc) {
+  cli_error("bench gpu: %s: %s: %s", what, kvt_err_name(rc), kvt_ctx_last_error(g->ctx));
+  return CLI_EFAIL;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *t, uint32_t n) {
+  qsort(t, n, sizeof(double), cmp_d);
+  return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
+/* Fills every layer tensor with synthetic bf16 K/V tiles (1 MiB each). */
+static int fill_cache(gbench *g, size_t layer_bytes) {
+  kvt_synth_shape s = {1, 256, HEADS, HDIM, KVT_DTYPE_BF16, 4, 20.0f};
+  const size_t tile = (size_t)256 * HEADS * HDIM * 2;
+  uint16_t *k = malloc(tile), *v = malloc(tile);
+  if (!k || !v) {
+    free(k);
+    free(v);
+    return CLI_EFAIL;
+  }
+  int rc = 0;
+  for (uint32_t l = 0; l < LAYERS && !rc; l++) {
+    kvt_synth_kv(&s, 1000 + l, k, v);
+    for (size_t off = 0; off + tile <= layer_bytes && !rc; off += tile)
+      rc = cu(cudaMemcpy((uint8_t *)g->layers[l] + off, (off / tile) % 2 ? v : k, tile,
+                         cudaMemcpyHostToDevice), "fill cache");
+  }
+  free(k);
+  free(v);
+  return rc;
+}
+
+static int setup(gbench *g) {
+  int rc = kvt_ctx_create(NULL, &g->ctx);
+  if (rc)
+    return kv_fail(g, "context", rc);
+  if ((rc = cu(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking), "stream")) ||
+      (rc = cu(cudaEventCreate(&g->e0), "event")) || (rc = cu(cudaEventCreate(&g->e1), "event")))
+    return rc;
+  const size_t layer_bytes = (size_t)2 * SLOTS * HEADS * HDIM * 2;
+  for (uint32_t l = 0; l < LAYERS; l++)
+    if ((rc = cu(cudaMalloc(&g->layers[l], layer_bytes), "cudaMalloc cache")))
+      return rc;
+  if ((rc = fill_cache(g, layer_bytes)))
+    return rc;
+  /* vLLM-style: a sequence's tokens fill its blocks in order; the blocks are
+   * scattered over the cache. */
+  int64_t *h = malloc(sizeof(int64_t) * SLOTS);
+  uint32_t *perm = malloc(sizeof(uint32_t) * (SLOTS / BS));
+  if (!h || !perm)
+    return CLI_EFAIL;
+  kvt_rng r = {42};
+  for (uint32_t i = 0; i < SLOTS / BS; i++)
+    perm[i] = i;
+  for (uint32_t i = SLOTS / BS - 1; i > 0; i--) {
+    uint32_t j = (uint32_t)(kvt_rng_next(&r) % (i + 1)), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  for (uint32_t t = 0; t < SLOTS; t++)
+    h[t] = (int64_t)perm[t / BS] * BS + t % BS;
+  rc = cu(cudaMalloc((void **)&g->slots, sizeof(int64_t) * SLOTS), "cudaMalloc slots");
+  if (!rc)
+    rc = cu(cudaMemcpy(g->slots, h, sizeof(int64_t) * SLOTS, cudaMemcpyHostToDevice), "slots");
+  free(h);
+  free(perm);
+  if (rc)
+    return rc;
+  kvt_gpu_layout_desc d;
+  kvt_gpu_layout_desc_vllm(&d, KVT_DTYPE_BF16, LAYERS, g->layers, SLOTS / BS, BS, HEADS, HDIM);
+  if ((rc = kvt_gpu_layout_create(g->ctx, &d, &g->L)))
+    return kv_fail(g, "layout", rc);
+  uint64_t bound;
+  kvt_codec_spec raw = KVT_CODEC_SPEC_INIT;
+  if ((rc = kvt_encode_bound(g->ctx, &raw, 0, LAYERS, 4096, HEADS, HDIM, &bound)))
+    return kv_fail(g, "bound", rc);
+  g->each = (size_t)((bound + 4095) & ~(uint64_t)4095);
+  if ((rc = cu(cudaHostAlloc((void **)&g->pin, 8 * g->each, cudaHostAllocMapped),
+               "cudaHostAlloc payloads")) ||
+      (rc = cu(cudaMalloc(&g->dev, g->each), "cudaMalloc payload")) ||
+      (rc = cu(cudaMalloc((void **)&g->hbm, 8 * g->each), "cudaMalloc HBM payloads")))
+    return rc;
+  if (!(g->hdr = malloc(8 * HDR_COPY))) {
+    cli_error("bench gpu: out of memory");
+    return CLI_EFAIL;
+  }
+  return 0;
+}
+
+static void teardown(gbench *g) {
+  kvt_gpu_layout_destroy(g->L);
+  for (uint32_t l = 0; l < LAYERS; l++)
+    cudaFree(g->layers[l]);
+  cudaFree(g->slots);
+  cudaFree(g->dev);
+  cudaFree(g->hbm);
+  free(g->hdr);
+  cudaFreeHost(g->pin);
+  if (g->st)
+    cudaStreamDestroy(g->st);
+  kvt_ctx_destroy(g->ctx);
+}
+typedef struct grow {
+  uint64_t bytes, raw; /* payload and 16-bit K+V bytes of one measurement */
+  double h2d, d2h, load, store, verify, seal; /* medians, seconds */
+  double hstore, hload, hload_checked, d2d;    /* payloads in device memory */
+  double load_zc, load_st; /* load with KVT_GPU_LOAD_ZERO_COPY, KVT_GPU_LOAD_STAGED */
+} grow;
+
+static double ev_seconds(gbench *g) {
+  float ms = 0;
+  cudaEventSynchronize(g->e1);
+  cudaEventElapsedTime(&ms, g->e0, g->e1);
+  return ms / 1e3;
+}
+
+/* An untimed copy right before a timed measurement: after the host has
+ * worked alone for a while (verify, seal), the first transfer over an idle
+ * link runs slower, and that must not fall on one column only. */
+static void warm(gbench *g, size_t n) {
+  cudaMemcpyAsync(g->dev, g->pin, n < (1u << 20) ? n : (1u << 20), cudaMemcpyHostToDevice,
+                  g->st);
+}
+
+/* The HBM case: store into device memory (store kernel + GPU checksums),
+ * load from it trusted and checked (the checked load waits for its checksum
+ * kernel), and a device-to-device memcpy of the payload bytes; t[4]. */
+static int iterate_hbm(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *len,
+                       double *t) {
+  int rc = 0;
+  const uint32_t n = z->payloads;
+  cudaEventRecord(g->e0, g->st);
+  for (uint32_t j = 0; j < n && !rc; j++)
+    rc = kvt_gpu_store_async(g->L, &sp[j], g->hbm + j * g->each, g->each, &len[j], g->st);
+  cudaEventRecord(g->e1, g->st);
+  if (rc)
+    return kv_fail(g, "store to device memory", rc);
+  t[0] = ev_seconds(g);
+  for (uint32_t j = 0; j < n && !rc; j++)
+    rc = kvt_gpu_store_finish(g->L, g->hbm + j * g->each, len[j], g->st);
+  if (rc)
+    return kv_fail(g, "store finish (device memory)", rc);
+  /* The host copy of each header a caller keeps (kvt_gpu_load_params.header),
+   * taken outside the timed loads. */
+  size_t hlen[8];
+  for (uint32_t j = 0; j < n && !rc; j++) {
+    hlen[j] = len[j] < HDR_COPY ? len[j] : HDR_COPY;
+    rc = cu(cudaMemcpy(g->hdr + j * HDR_COPY, g->hbm + j * g->each, hlen[j],
+                       cudaMemcpyDeviceToHost), "header copy");
+  }
+  if (rc)
+    return rc;
+  for (int checked = 0; checked < 2; checked++) {
+    warm(g, len[0]);
+    double t0 = cli_now();
+    cudaEventRecord(g->e0, g->st);
+    for (uint32_t j = 0; j < n && !rc; j++) {
+      kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+      lp.tokens = z->tokens;
+      lp.slots = sp[j].slots;
+      lp.flags = checked ? 0 : KVT_GPU_LOAD_TRUST_DEVICE;
+      if (!checked) { /* the checked load trusts nothing: it copies the header too */
+        lp.header = g->hdr + j * HDR_COPY;
+        lp.header_len = hlen[j];
+      }
+      rc = kvt_gpu_load(g->L, g->hbm + j * g->each, len[j], &lp, g->st);
+    }
+    cudaEventRecord(g->e1, g->st);
+    if (rc)
+      return kv_fail(g, "load from device memory", rc);
+    t[1 + checked] = ev_seconds(g);
+    if (checked) /* it waits on the host for each payload's checksums */
+      t[2] = cli_now() - t0; /* ev_seconds waited for the last load too */
+  }
+  warm(g, len[0]);
+  cudaEventRecord(g->e0, g->st);
+  for (uint32_t j = 0; j < n; j++)
+    cudaMemcpyAsync(g->dev, g->hbm + j * g->each, len[j], cudaMemcpyDeviceToDevice, g->st);
+  cudaEventRecord(g->e1, g->st);
+  t[3] = ev_seconds(g);
+  return 0;
+}
+
+
+/* One iteration of every measurement over z->payloads payloads; t[12]. */
+static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *len,
+                   double *t) {
+  int rc = 0;
+  const uint32_t n = z->payloads;
+  cudaEventRecord(g->e0, g->st);
+  for (uint32_t j = 0; j < n && !rc; j++)
+    rc = kvt_gpu_store_async(g->L, &sp[j], g->pin + j * g->each, g->each, &len[j], g->st);
+  cudaEventRecord(g->e1, g->st);
+  if (rc)
+    return kv_fail(g, "store", rc);
+  t[4] = ev_seconds(g);
+  double t0 = cli_now();
+  for (uint32_t j = 0; j < n && !rc; j++)
+    rc = kvt_gpu_store_finish(g->L, g->pin + j * g->each, len[j], g->st);
+  t[5] = cli_now() - t0;
+  if (rc)
+    return kv_fail(g, "store finish", rc);
+  t0 = cli_now();
+  for (uint32_t j = 0; j < n && !rc; j++)
+    rc = kvt_payload_verify(g->ctx, g->pin + j * g->each, len[j], NULL);
+  t[3] = cli_now() - t0;
+  if (rc)
+    return kv_fail(g, "verify of a GPU-stored payload", rc);
+  warm(g, len[0]);
+  cudaEventRecord(g->e0, g->st);
+  for (uint32_t j = 0; j < n && !rc; j++) {
+    kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+    lp.tokens = z->tokens;
+    lp.slots = sp[j].slots;
+    lp.flags = KVT_GPU_LOAD_TRUST_HOST;
+    rc = kvt_gpu_load(g->L, g->pin + j * g->each, len[j], &lp, g->st);
+  }
+  cudaEventRecord(g->e1, g->st);
+  if (rc)
+    return kv_fail(g, "load", rc);
+  t[2] = ev_seconds(g);
+  warm(g, len[0]);
+  for (int forced = 0; forced < 2 && !rc; forced++) { /* zero copy, then staged */
+    cudaEventRecord(g->e0, g->st);
+    for (uint32_t j = 0; j < n && !rc; j++) {
+      kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+      lp.tokens = z->tokens;
+      lp.slots = sp[j].slots;
+      lp.flags = KVT_GPU_LOAD_TRUST_HOST |
+                 (forced ? KVT_GPU_LOAD_STAGED : KVT_GPU_LOAD_ZERO_COPY);
+      rc = kvt_gpu_load(g->L, g->pin + j * g->each, len[j], &lp, g->st);
+    }
+    cudaEventRecord(g->e1, g->st);
+    if (rc)
+      return kv_fail(g, forced ? "staged load" : "zero-copy load", rc);
+    t[10 + forced] = ev_seconds(g);
+    warm(g, len[0]);
+  }
+  warm(g, len[0]);
+  cudaEventRecord(g->e0, g->st);
+  for (uint32_t j = 0; j < n; j++)
+    cudaMemcpyAsync(g->dev, g->pin + j * g->each, len[j], cudaMemcpyHostToDevice, g->st);
+  cudaEventRecord(g->e1, g->st);
+  t[0] = ev_seconds(g);
+  cudaEventRecord(g->e0, g->st);
+  for (uint32_t j = 0; j < n; j++) /* overwrites the payloads: stored again next time */
+    cudaMemcpyAsync(g->pin + j * g->each, g->dev, len[j], cudaMemcpyDeviceToHost, g->st);
+  cudaEventRecord(g->e1, g->st);
+  t[1] = ev_seconds(g);
+  if ((rc = cu(cudaStreamSynchronize(g->st), "memcpy")))
+    return rc;
+  return iterate_hbm(g, z, sp, len, t + 6);
+}
+
+static int run_size(gbench *g, const char *spec_text, const gsize *z, grow *out) {
+  kvt_gpu_store_params sp[8];
+  kvt_encode_params ep[8];
+  size_t len[8];
+  for (uint32_t j = 0; j < z->payloads; j++) {
+    kvt_encode_params e = KVT_ENCODE_PARAMS_INIT;
+    int rc = kvt_codec_parse(g->ctx, spec_text, &e.spec);
+    if (rc)
+      return kv_fail(g, spec_text, rc);
+    memset(e.key.bytes, (int)j + 1, 16);
+    e.model_layers = LAYERS;
+    e.token_begin = j * z->tokens;
+    ep[j] = e;
+    kvt_gpu_store_params p = KVT_GPU_STORE_PARAMS_INIT;
+    p.encode = &ep[j];
+    p.layer_count = z->layers;
+    p.tokens = z->tokens;
+    p.slots = g->slots + (size_t)j * z->tokens;
+    sp[j] = p;
+  }
+  double t[MAX_ITERS + 1][12], col[MAX_ITERS];
+  for (uint32_t it = 0; it <= g->iters; it++) {
+    int rc = iterate(g, z, sp, len, t[it]);
+    if (rc)
+      return rc;
+  }
+  double *m[12] = {&out->h2d,    &out->d2h,   &out->load,          &out->verify,
+                    &out->store,  &out->seal,  &out->hstore,        &out->hload,
+                    &out->hload_checked, &out->d2d, &out->load_zc, &out->load_st};
+  for (int k = 0; k < 12; k++) {
+    for (uint32_t it = 1; it <= g->iters; it++)
+      col[it - 1] = t[it][k];
+    *m[k] = median(col, g->iters);
+  }
+  out->bytes = 0;
+  for (uint32_t j = 0; j < z->payloads; j++)
+    out->bytes += len[j];
+  out->raw = (uint64_t)z->payloads * z->layers * z->tokens * HEADS * HDIM * 2 * 2;
+  return 0;
+}
+
+static void print_hbm(const char *spec, const grow *r) {
+  /* bytes read + written: payload and 16-bit KV */
+  const double rw = (double)(r->bytes + r->raw) / 1e9, d2d = 2.0 * (double)r->bytes / 1e9;
+  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %8.1f %7.2f\n", spec,
+         (double)r->bytes / (1 << 20), d2d / r->d2d, rw / r->hload,
+         (rw / r->hload) / (d2d / r->d2d), rw / r->hload_checked,
+         (rw / r->hload_checked) / (d2d / r->d2d), rw / r->hstore,
+         (rw / r->hstore) / (d2d / r->d2d));
+}
+
+static void print_header(const gsize *z) {
+  printf("\n%s: 16-bit K+V %.1f MiB\n", z->name,
+         (double)z->payloads * z->layers * z->tokens * HEADS * HDIM * 4 / (1 << 20));
+  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %7s %8s %8s\n", "preset", "payload",
+         "H2D", "load", "load/", "KV", "KV/", "zcopy/", "staged/", "D2H", "store", "store/",
+         "verify", "seal");
+  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %7s %8s %8s\n", "", "MiB", "GB/s",
+         "GB/s", "H2D", "GB/s", "H2D", "H2D", "H2D", "GB/s", "GB/s", "D2H", "GB/s", "GB/s");
+}
+
+static void print_row(const char *spec, const grow *r) {
+  const double b = (double)r->bytes / 1e9, raw = (double)r->raw / 1e9;
+  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %7.2f %7.2f %8.1f %8.1f %7.2f %8.1f %8.1f\n",
+         spec, (double)r->bytes / (1 << 20), b / r->h2d, b / r->load, r->h2d / r->load,
+         raw / r->load, (raw / r->load) / (b / r->h2d), r->h2d / r->load_zc,
+         r->h2d / r->load_st, b / r->d2h, b / r->store, r->d2h / r->store, b / r->verify,
+         b / r->seal);
+}
+
+int cli_bench_gpu_main(int argc, char **argv) {
+  uint32_t iters = 5, max_tokens = 32768;
+  const cli_opt opts[] = {
+      {"--iters", NULL, CLI_U32, &iters, 1, MAX_ITERS},
+      {"--max-tokens", NULL, CLI_U32, &max_tokens, 1, 32768},
+  };
+  size_t npos = 0;
+  int rc = cli_parse("bench gpu", argc, argv, opts, sizeof(opts) / sizeof(opts[0]), NULL, 0,
+                     &npos);
+  if (rc == CLI_HELP) {
+    fputs(gpu_help, stdout);
+    return CLI_OK;
+  }
+  if (rc)
+    return rc;
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    cli_error("bench gpu: no CUDA device");
+    return CLI_EFAIL;
+  }
+  struct cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  gbench g;
+  memset(&g, 0, sizeof(g));
+  g.iters = iters;
+  printf("kvtier bench gpu: %s (%d SMs), kvtier %s\n", prop.name, prop.multiProcessorCount,
+         kvt_version_string());
+  printf("command: kvtier bench gpu --iters %u --max-tokens %u\n", iters, max_tokens);
+  printf("cache: Llama-3.1-8B shape (32 layers, 8 KV heads, dim 128), bf16, vLLM layout, "
+         "16-token blocks, %u slots; payloads in pinned mapped host memory\n", SLOTS);
+  printf("medians of %u iterations after 1 warm-up; GB = 1e9 bytes; KV = restored 16-bit K+V\n",
+         iters);
+  if ((rc = setup(&g)) == 0) {
+    for (size_t zi = 0; zi < N_SIZES && rc == 0; zi++) {
+      const gsize *z = &gpu_sizes[zi];
+      if ((uint64_t)z->tokens * z->payloads > max_tokens)
+        continue;
+      print_header(z);
+      grow r[N_SPECS];
+      for (size_t i = 0; i < N_SPECS && rc == 0; i++) {
+        if ((rc = run_size(&g, gpu_specs[i], z, &r[i])) == 0)
+          print_row(gpu_specs[i], &r[i]);
+        fflush(stdout);
+      }
+      if (rc)
+        break;
+      printf("HBM (payloads in device memory; GB/s of bytes read + written):\n");
+      printf("%-16s %9s %8s %8s %7s %8s %7s %8s %7s\n", "preset", "payload", "D2D", "load",
+             "load/", "checked", "chk/", "store", "store/");
+      printf("%-16s %9s %8s %8s %7s %8s %7s %8s %7s\n", "", "MiB", "GB/s", "GB/s", "D2D",
+             "GB/s", "D2D", "GB/s", "D2D");
+      for (size_t i = 0; i < N_SPECS; i++)
+        print_hbm(gpu_specs[i], &r[i]);
+    }
+  }
+  teardown(&g);
+  return rc ? CLI_EFAIL : CLI_OK;
+}
+#endif

@@ -1,0 +1,266 @@
+/* tiers/nvme/tier_nvme_open.c - opening and closing the nvme tier: the spec, the
+ * directory and its 256 subdirectories, the index rebuilt from the header
+ * blocks on disk (torn files and stray temporaries removed), the requests
+ * and I/O buffers preallocated for the data path, and the engine choice. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tier_nvme.h"
+
+/* Reads one file's header block; whether it names a whole, valid value. */
+static int scan_file(const nvme *n, int dfd, const char *name, uint8_t *blk, const kvt_key *k,
+                     uint64_t *len) {
+  const int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | (n->direct ? O_DIRECT : 0));
+  if (fd < 0)
+    return 0;
+  struct stat st;
+  const int ok = fstat(fd, &st) == 0 && pread(fd, blk, NVME_BLK, 0) == (ssize_t)NVME_BLK &&
+                 nvme_header_ok(blk, k, len) && (uint64_t)st.st_size == nvme_disk_size(*len);
+  close(fd);
+  return ok;
+}
+
+static int scan_subdir(nvme *n, const char *sub, int dfd, uint8_t *blk) {
+  DIR *d = opendir(sub);
+  if (!d)
+    return -errno;
+  int rc = 0;
+  struct dirent *de;
+  while (rc == 0 && (de = readdir(d)) != NULL) {
+    kvt_key k;
+    uint64_t len = 0;
+    if (strncmp(de->d_name, ".tmp-", 5) == 0 || strncmp(de->d_name, ".free-", 6) == 0) {
+      /* a PUT that never committed, or a spare (maybe half overwritten) */
+      unlinkat(dfd, de->d_name, 0);
+    } else if (nvme_hex_key(de->d_name, &k) != 0) {
+      continue; /* ".", "..", or not ours: left alone */
+    } else if (!scan_file(n, dfd, de->d_name, blk, &k, &len)) {
+      kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s/%s: bad header or size (torn); deleted", sub,
+               de->d_name);
+      unlinkat(dfd, de->d_name, 0);
+      n->corrupt++;
+    } else if ((rc = kvt_index_reserve(&n->ix, n->ix.items + 1)) == 0) {
+      int fresh;
+      kvt_index_entry *e = kvt_index_upsert(&n->ix, &k, &fresh);
+      e->len = len;
+      e->off = nvme_disk_size(len);
+      n->used += e->off;
+    }
+  }
+  closedir(d);
+  return rc;
+}
+
+/* Whether the file system takes O_DIRECT (tmpfs does not) and fallocate. */
+static void probe(nvme *n) {
+  char path[NVME_PATH];
+  snprintf(path, sizeof(path), "%s/.probe-direct", n->dir);
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+  n->direct = fd >= 0 || errno != EINVAL;
+  if (fd < 0)
+    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  n->falloc = fd >= 0 && fallocate(fd, 0, 0, NVME_BLK) == 0;
+  if (fd >= 0)
+    close(fd);
+  unlink(path);
+  if (!n->direct)
+    kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s refuses O_DIRECT: buffered I/O", n->dir);
+}
+
+/* Creates DIR and its 256 subdirectories if needed, keeps a descriptor on
+ * each (the data path works relative to them) and rebuilds the index from
+ * the header blocks (payloads are verified by GET). */
+static int nvme_scan(nvme *n) {
+  if (mkdir(n->dir, 0755) != 0 && errno != EEXIST)
+    return kvt_fail(n->ctx, -errno, "nvme tier: cannot create directory '%s': %s", n->dir,
+                    strerror(errno));
+  probe(n);
+  uint8_t *blk = kvt_alloc(n->ctx, NVME_BLK, NVME_BLK);
+  if (!blk)
+    return kvt_fail(n->ctx, -ENOMEM, "nvme tier: allocating a header buffer");
+  int rc = 0;
+  for (unsigned i = 0; i < NVME_SUBDIRS && rc == 0; i++) {
+    char sub[NVME_PATH];
+    snprintf(sub, sizeof(sub), "%s/%02x", n->dir, i);
+    if (mkdir(sub, 0755) != 0 && errno != EEXIST)
+      rc = -errno;
+    else if ((n->subs[i].fd = open(sub, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+      rc = -errno;
+    if (rc)
+      rc = kvt_fail(n->ctx, rc, "nvme tier: cannot create directory '%s': %s", sub,
+                    strerror(-rc));
+    else if ((rc = scan_subdir(n, sub, n->subs[i].fd, blk)) != 0)
+      rc = kvt_fail(n->ctx, rc, "nvme tier: scanning '%s': %s", sub, kvt_strerror(rc));
+  }
+  kvt_dealloc(n->ctx, blk);
+  return rc;
+}
+
+/* DIR:SIZE[,qd=N][,engine=pread]; DIR may itself contain ':'. */
+static int parse_args(nvme *n, const char *args, int *force_pread) {
+  const char *colon = args ? strrchr(args, ':') : NULL;
+  if (!colon || colon == args || (size_t)(colon - args) >= sizeof(n->dir))
+    return kvt_fail(n->ctx, KVT_ESPEC, "nvme tier: '%s': expected DIR:SIZE (e.g. %s)",
+                    args ? args : "", "nvme:/var/cache/kvtier:100GiB");
+  memcpy(n->dir, args, (size_t)(colon - args));
+  n->dir[colon - args] = '\0';
+  char opts[128];
+  snprintf(opts, sizeof(opts), "%s", colon + 1);
+  char *save = NULL, *tok = strtok_r(opts, ",", &save);
+  if (!tok || kvt_parse_size(tok, &n->capacity) != 0 || n->capacity == 0)
+    return kvt_fail(n->ctx, KVT_ESPEC, "nvme tier: '%s': the size is not a size above zero", args);
+  while ((tok = strtok_r(NULL, ",", &save)) != NULL) {
+    char *end = NULL;
+    if (strncmp(tok, "qd=", 3) == 0) {
+      const unsigned long qd = strtoul(tok + 3, &end, 10);
+      if (!*(tok + 3) || *end || qd == 0 || qd > 4096)
+        return kvt_fail(n->ctx, KVT_ESPEC, "nvme tier: '%s': qd must be 1..4096", args);
+      n->qd = (unsigned)qd;
+    } else if (strcmp(tok, "engine=pread") == 0) {
+      *force_pread = 1;
+    } else {
+      return kvt_fail(n->ctx, KVT_ESPEC, "nvme tier: '%s': unknown option '%s'", args, tok);
+    }
+  }
+  return 0;
+}
+
+/* The data path's memory, all of it, so that it never allocates (but for
+ * the slow paths tier_nvme.h names). */
+static int buffers_init(nvme *n) {
+  n->reqs = kvt_alloc(n->ctx, (size_t)n->qd * sizeof(nreq), 64);
+  n->scratch = kvt_alloc(n->ctx, (size_t)n->qd * 2 * NVME_BLK, NVME_BLK);
+  n->pool_mem = kvt_alloc(n->ctx, (size_t)NVME_POOL_BUFS * NVME_POOL_BYTES, NVME_BLK);
+  if (!n->reqs || !n->scratch || !n->pool_mem)
+    return kvt_fail(n->ctx, -ENOMEM, "nvme tier: allocating %u requests and %u I/O buffers",
+                    n->qd, NVME_POOL_BUFS);
+  memset(n->reqs, 0, (size_t)n->qd * sizeof(nreq));
+  for (unsigned i = n->qd; i-- > 0;) {
+    nreq *r = &n->reqs[i];
+    r->n = n;
+    r->id = i;
+    r->fd = -1;
+    r->pool = -1;
+    r->hdr = n->scratch + (size_t)i * 2 * NVME_BLK;
+    r->tail = r->hdr + NVME_BLK;
+    r->next = n->free_reqs;
+    n->free_reqs = r;
+  }
+  for (unsigned i = 0; i < NVME_POOL_BUFS; i++)
+    n->free_pool[n->n_free_pool++] = (int)(NVME_POOL_BUFS - 1 - i);
+  return 0;
+}
+
+static void engine_init(nvme *n, int force_pread) {
+  const char *env = getenv("KVT_NVME_FORCE_PREAD");
+  char why[160] = "liburing not built in";
+  if (force_pread || (env && strcmp(env, "1") == 0)) {
+    snprintf(why, sizeof(why), "%s",
+             force_pread ? "engine=pread in the spec" : "KVT_NVME_FORCE_PREAD=1");
+  } else {
+#ifdef KVT_HAVE_URING
+    if (nvme_ring_init(n, why, sizeof(why)) == 0) {
+      n->uring = 1;
+      return;
+    }
+#endif
+  }
+  kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: io_uring unavailable (%s): using pread/pwrite", why);
+}
+
+void nvme_close(void *state) {
+  nvme *n = state;
+  nvme_spares_free(n);
+#ifdef KVT_HAVE_URING
+  if (n->uring)
+    nvme_ring_exit(n);
+  pthread_mutex_destroy(&n->rmu);
+#endif
+  for (unsigned i = 0; i < NVME_SUBDIRS; i++)
+    if (n->subs[i].fd >= 0)
+      close(n->subs[i].fd);
+  pthread_cond_destroy(&n->idle);
+  pthread_mutex_destroy(&n->qmu);
+  pthread_mutex_destroy(&n->mu);
+  kvt_index_free(&n->ix);
+  kvt_dealloc(n->ctx, n->pool_mem);
+  kvt_dealloc(n->ctx, n->scratch);
+  kvt_dealloc(n->ctx, n->reqs);
+  kvt_dealloc(n->ctx, n);
+}
+
+int nvme_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
+  nvme *n = kvt_alloc(ctx, sizeof(*n), 64);
+  if (!n)
+    return kvt_fail(ctx, -ENOMEM, "nvme tier: allocating its state");
+  memset(n, 0, sizeof(*n));
+  n->ctx = ctx;
+  n->tier = tier;
+  n->qd = NVME_QD_DEFAULT;
+  for (unsigned i = 0; i < NVME_SUBDIRS; i++)
+    n->subs[i].fd = -1;
+  kvt_index_init(&n->ix, ctx);
+  pthread_mutex_init(&n->mu, NULL);
+  pthread_mutex_init(&n->qmu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&n->idle, &ca);
+  pthread_condattr_destroy(&ca);
+#ifdef KVT_HAVE_URING
+  pthread_mutex_init(&n->rmu, NULL);
+#endif
+  int force_pread = 0;
+  int rc = parse_args(n, args, &force_pread);
+  if (rc == 0)
+    rc = nvme_scan(n);
+  if (rc == 0)
+    rc = buffers_init(n);
+  if (rc) {
+    nvme_close(n);
+    return rc;
+  }
+  engine_init(n, force_pread);
+  kvt_logf(ctx, KVT_LOG_INFO,
+           "nvme tier: %s: %llu values, %llu of %llu bytes used, %llu torn files removed, %s",
+           n->dir, (unsigned long long)n->ix.items, (unsigned long long)n->used,
+           (unsigned long long)n->capacity, (unsigned long long)n->corrupt,
+           n->uring ? "io_uring" : "pread/pwrite");
+  *state = n;
+  return 0;
+}
+
+int nvme_stats(void *state, kvt_tier_stats *out) {
+  nvme *n = state;
+  pthread_mutex_lock(&n->mu);
+  out->capacity = n->capacity;
+  out->used = n->used - n->spare_bytes; /* spares are given back whenever room is needed */
+  out->items = n->ix.items;
+  pthread_mutex_unlock(&n->mu);
+  out->item_overhead = NVME_BLK; /* the file's header block */
+  out->granule = NVME_BLK;       /* payloads padded for O_DIRECT */
+  return 0;
+}
+
+/* fn runs on a copy, so it may call back into the tier. */
+int nvme_list(void *state, kvt_tier_list_fn fn, void *opaque) {
+  nvme *n = state;
+  pthread_mutex_lock(&n->mu);
+  const uint64_t cnt = n->ix.items;
+  kvt_index_item *all = cnt ? kvt_alloc(n->ctx, (size_t)cnt * sizeof(*all), 64) : NULL;
+  const uint64_t k = all ? kvt_index_snapshot(&n->ix, all, cnt) : 0;
+  pthread_mutex_unlock(&n->mu);
+  if (cnt && !all)
+    return -ENOMEM;
+  int rc = 0;
+  for (uint64_t i = 0; i < k && rc == 0; i++)
+    rc = fn(opaque, &all[i].key, all[i].len);
+  kvt_dealloc(n->ctx, all);
+  return rc;
+}

@@ -11,7 +11,7 @@
 
 /* Writes the reason for a failure into why (may be NULL) and returns err. */
 __attribute__((format(printf, 4, 5))) static int fail(char *why, size_t cap, int err,
-                                                     const char *fmt, ...) {
+                                                      const char *fmt, ...) {
   if (why && cap) {
     va_list ap;
     va_start(ap, fmt);

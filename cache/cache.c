@@ -13,47 +13,17 @@
 
 /* ---- index ---------------------------------------------------------------- */
 
-static size_t bucket_of(const kvt_cache *c, const kvt_key *key) {
-  /* Keys are XXH3-128 output: any 8 bytes are uniform. */
-  return (size_t)kvt_ld64(key->bytes + 8) & (c->nbuckets - 1);
-}
-
 centry *cache_find(kvt_cache *c, const kvt_key *key) {
-  for (centry *e = c->buckets[bucket_of(c, key)]; e; e = e->hnext)
-    if (!memcmp(e->key.bytes, key->bytes, sizeof(key->bytes)))
-      return e;
-  return NULL;
-}
-
-static int grow(kvt_cache *c) {
-  size_t nb = c->nbuckets * 2;
-  centry **b = kvt_alloc(c->ctx, nb * sizeof(*b), _Alignof(centry *));
-  if (!b)
-    return -ENOMEM;
-  memset(b, 0, nb * sizeof(*b));
-  centry **old = c->buckets;
-  size_t on = c->nbuckets;
-  c->buckets = b;
-  c->nbuckets = nb;
-  for (size_t i = 0; i < on; i++) {
-    for (centry *e = old[i], *next; e; e = next) {
-      next = e->hnext;
-      size_t h = bucket_of(c, &e->key);
-      e->hnext = b[h];
-      b[h] = e;
-    }
-  }
-  kvt_dealloc(c->ctx, old);
-  return 0;
+  const kvt_index_entry *x = kvt_index_find(&c->index, key);
+  return x ? x->ref : NULL;
 }
 
 int cache_index_add(kvt_cache *c, centry *e) {
-  if (c->count >= c->nbuckets && grow(c) && c->count >= 4 * c->nbuckets)
-    return -ENOMEM; /* a failed grow only lengthens chains, until 4 per bucket */
-  size_t h = bucket_of(c, &e->key);
-  e->hnext = c->buckets[h];
-  c->buckets[h] = e;
-  c->count++;
+  if (kvt_index_reserve(&c->index, c->index.items + 1))
+    return -ENOMEM;
+  int fresh;
+  kvt_index_entry *x = kvt_index_upsert(&c->index, &e->key, &fresh);
+  x->ref = e;
   return 0;
 }
 
@@ -84,11 +54,7 @@ static void unlink_family(centry *e) {
 }
 
 void cache_entry_free(kvt_cache *c, centry *e) {
-  centry **pp = &c->buckets[bucket_of(c, &e->key)];
-  while (*pp != e)
-    pp = &(*pp)->hnext;
-  *pp = e->hnext;
-  c->count--;
+  kvt_index_remove(&c->index, kvt_index_find(&c->index, &e->key));
   unlink_family(e);
   kvt_dealloc(c->ctx, e);
   pthread_cond_broadcast(&c->cv);

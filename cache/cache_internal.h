@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 
+#include "key_index.h"
 #include "kvt_internal.h"
 #include "kvtier/cache.h"
 
@@ -25,7 +26,6 @@ enum { E_PUTTING = 1, E_LIVE = 2, E_DOOMED = 3 };
 
 typedef struct centry {
   kvt_key key;
-  struct centry *hnext;                   /* hash chain */
   struct centry *parent, *kids;           /* prefix tree: the chunk before, those after */
   struct centry *sib_prev, *sib_next;     /* among the parent's kids */
   cnode lru[KVT_CACHE_MAX_TIERS];         /* position in each tier holding a copy */
@@ -44,6 +44,8 @@ typedef struct centry {
 
 typedef struct ctier {
   kvt_tier *tier;
+  int owned;         /* closed by kvt_cache_close: opened from a spec, or a
+                        config's tier handle once the open succeeded */
   int persistent;    /* KVT_TIER_PERSISTENT: survives a restart (nvme, redis, fabric) */
   int shared;        /* KVT_TIER_SHARED: other processes write it too (redis, fabric) */
   uint64_t capacity; /* from the tier's stats at open */
@@ -63,8 +65,7 @@ struct kvt_cache {
   int ntiers;
   int nshared;       /* tiers with shared set */
   ctier t[KVT_CACHE_MAX_TIERS];
-  centry **buckets;
-  size_t nbuckets, count;
+  kvt_index index;   /* key -> centry (entry.ref); entry pointers die at the next change */
   uint64_t clock, mark_gen;
   int has_fp;
   kvt_key fp;
@@ -93,7 +94,8 @@ static inline uint64_t cache_cost(const kvt_cache *c, int t, uint64_t len) {
   return T->overhead + (len + g - 1) / g * g;
 }
 
-/* Index (mu held). */
+/* Index (mu held). cache_index_add indexes e, whose key the index does not
+ * hold: 0 or -ENOMEM (the index could not grow; nothing changed). */
 centry *cache_find(kvt_cache *c, const kvt_key *key);
 int cache_index_add(kvt_cache *c, centry *e);
 /* Takes e out of the index and the prefix tree and frees it. e must hold no

@@ -8,7 +8,7 @@
 #include "cache_internal.h"
 #include "kvtier/payload.h"
 
-#define IDX_MIN 1024u
+#define IDX_MIN 192u /* entries the index holds before it first grows (256 slots) */
 #define GET_TRIES 4   /* a get that raced a move looks again */
 #define LOOKUP_BATCH 64
 
@@ -56,15 +56,12 @@ static int starts_spec(const char *s) {
   return i > 0 && (s[i] == ':' || s[i] == '@');
 }
 
-static int open_one(kvt_cache *c, const char *spec, const char *list) {
-  if (c->ntiers == KVT_CACHE_MAX_TIERS)
-    return kvt_fail(c->ctx, -EINVAL, "cache: more than %d tiers in \"%s\"", KVT_CACHE_MAX_TIERS,
-                    list);
-  ctier *T = &c->t[c->ntiers];
-  int r = kvt_tier_open(c->ctx, spec, &T->tier);
-  if (r)
-    return r;
-  c->ntiers++;
+/* Takes tier as the next one down: what a payload costs there from its
+ * stats, what it is from its traits. */
+static void add_tier(kvt_cache *c, kvt_tier *tier, int owned) {
+  ctier *T = &c->t[c->ntiers++];
+  T->tier = tier;
+  T->owned = owned;
   kvt_tier_stats s;
   memset(&s, 0, sizeof(s));
   s.struct_size = sizeof(s);
@@ -76,6 +73,37 @@ static int open_one(kvt_cache *c, const char *spec, const char *list) {
   T->persistent = (traits & KVT_TIER_PERSISTENT) != 0;
   T->shared = (traits & KVT_TIER_SHARED) != 0;
   c->nshared += T->shared;
+}
+
+static int open_one(kvt_cache *c, const char *spec, const char *list) {
+  if (c->ntiers == KVT_CACHE_MAX_TIERS)
+    return kvt_fail(c->ctx, -EINVAL, "cache: more than %d tiers in \"%s\"", KVT_CACHE_MAX_TIERS,
+                    list);
+  kvt_tier *tier;
+  int r = kvt_tier_open(c->ctx, spec, &tier);
+  if (r)
+    return r;
+  add_tier(c, tier, 1);
+  return 0;
+}
+
+/* Takes the config's tier handles after the tiers of its specs, not yet
+ * owned: kvt_cache_open owns them once it succeeds. */
+static int add_handles(kvt_cache *c, kvt_tier *const *h, uint32_t n) {
+  if (n && !h)
+    return kvt_fail(c->ctx, -EINVAL, "cache: n_tier_handles %u with no tier_handles", n);
+  if (n > (uint32_t)(KVT_CACHE_MAX_TIERS - c->ntiers))
+    return kvt_fail(c->ctx, -EINVAL, "cache: more than %d tiers (%d from specs, %u handles)",
+                    KVT_CACHE_MAX_TIERS, c->ntiers, n);
+  for (uint32_t i = 0; i < n; i++) {
+    if (!h[i])
+      return kvt_fail(c->ctx, -EINVAL, "cache: tier handle %u is NULL", i);
+    for (uint32_t j = 0; j < i; j++)
+      if (h[j] == h[i])
+        return kvt_fail(c->ctx, -EINVAL, "cache: tier handle %u repeats handle %u", i, j);
+  }
+  for (uint32_t i = 0; i < n; i++)
+    add_tier(c, h[i], 0);
   return 0;
 }
 
@@ -108,14 +136,12 @@ void kvt_cache_close(kvt_cache *c) {
     return;
   cache_mover_stop(c);
   for (int t = 0; t < c->ntiers; t++)
-    kvt_tier_close(c->t[t].tier);
-  for (size_t i = 0; c->buckets && i < c->nbuckets; i++) {
-    for (centry *e = c->buckets[i], *next; e; e = next) {
-      next = e->hnext;
-      kvt_dealloc(c->ctx, e);
-    }
-  }
-  kvt_dealloc(c->ctx, c->buckets);
+    if (c->t[t].owned)
+      kvt_tier_close(c->t[t].tier);
+  for (uint64_t i = 0; i < c->index.cap; i++)
+    if (c->index.slots[i].live)
+      kvt_dealloc(c->ctx, c->index.slots[i].ref);
+  kvt_index_free(&c->index);
   cache_spares_free(c);
   pthread_cond_destroy(&c->mover_cv);
   pthread_cond_destroy(&c->cv);
@@ -126,15 +152,16 @@ void kvt_cache_close(kvt_cache *c) {
 int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
   /* Fields are only appended: a config of an older, shorter size opens with
    * the later fields at their defaults. */
-  if (!ctx || !cfg || !out || cfg->struct_size < offsetof(kvt_cache_config, headroom_pct) ||
-      !cfg->tiers)
+  if (!ctx || !cfg || !out || cfg->struct_size < offsetof(kvt_cache_config, headroom_pct))
+    return kvt_fail(ctx, -EINVAL, "cache: need a context, a config with tiers and an out pointer");
+  kvt_cache_config full = KVT_CACHE_CONFIG_INIT;
+  memcpy(&full, cfg, cfg->struct_size < sizeof(full) ? cfg->struct_size : sizeof(full));
+  cfg = &full;
+  if (!cfg->tiers && !cfg->n_tier_handles)
     return kvt_fail(ctx, -EINVAL, "cache: need a context, a config with tiers and an out pointer");
   if (cfg->flags & ~(uint32_t)(KVT_CACHE_WRITE_THROUGH | KVT_CACHE_NO_PROMOTE | KVT_CACHE_VERIFY |
                                KVT_CACHE_BACKGROUND))
     return kvt_fail(ctx, -EINVAL, "cache: unknown flags %#x", cfg->flags);
-  kvt_cache_config full = KVT_CACHE_CONFIG_INIT;
-  memcpy(&full, cfg, cfg->struct_size < sizeof(full) ? cfg->struct_size : sizeof(full));
-  cfg = &full;
   if (cfg->headroom_pct > 90)
     return kvt_fail(ctx, -EINVAL, "cache: headroom_pct %u: at most 90", cfg->headroom_pct);
   kvt_clear_error(ctx);
@@ -155,11 +182,11 @@ int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
   }
   for (int t = 0; t < KVT_CACHE_MAX_TIERS; t++)
     c->t[t].lru.prev = c->t[t].lru.next = &c->t[t].lru;
-  c->nbuckets = IDX_MIN;
-  c->buckets = kvt_alloc(ctx, IDX_MIN * sizeof(*c->buckets), _Alignof(centry *));
-  if (c->buckets)
-    memset(c->buckets, 0, IDX_MIN * sizeof(*c->buckets));
-  int r = c->buckets ? open_tiers(c, cfg->tiers) : kvt_fail(ctx, -ENOMEM, "cache: out of memory");
+  kvt_index_init(&c->index, ctx);
+  int r = kvt_index_reserve(&c->index, IDX_MIN) ? kvt_fail(ctx, -ENOMEM, "cache: out of memory")
+                                                : cfg->tiers ? open_tiers(c, cfg->tiers) : 0;
+  if (!r)
+    r = add_handles(c, cfg->tier_handles, cfg->n_tier_handles);
   for (int t = 0; !r && t < c->ntiers; t++) {
     if (!c->t[t].persistent)
       continue;
@@ -175,9 +202,11 @@ int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out) {
   if (!r && (r = cache_mover_start(c)) != 0)
     kvt_fail(ctx, r, "cache: cannot start the background mover thread");
   if (r) {
-    kvt_cache_close(c);
+    kvt_cache_close(c); /* the handles stay the caller's */
     return r;
   }
+  for (int t = 0; t < c->ntiers; t++)
+    c->t[t].owned = 1;
   *out = c;
   return 0;
 }
@@ -603,11 +632,13 @@ int kvt_cache_stats_get(kvt_cache *c, int i, kvt_cache_stats *out) {
   } else {
     s = c->total;
     s.items = 0;
-    for (size_t b = 0; b < c->nbuckets; b++)
-      for (const centry *e = c->buckets[b]; e; e = e->hnext) {
+    for (uint64_t j = 0; j < c->index.cap; j++) {
+      const centry *e = c->index.slots[j].live ? c->index.slots[j].ref : NULL;
+      if (e) {
         s.items += e->state == E_LIVE && e->mask;
         s.pinned += e->busy > 0 || e->moving;
       }
+    }
     for (int t = 0; t < c->ntiers; t++) {
       const kvt_cache_stats *n = &c->t[t].n;
       s.capacity += c->t[t].capacity;

@@ -1,7 +1,9 @@
 /* tests/test_cache_threads.c - many engine threads on one cache: puts, gets,
  * lookups and deletes of shared and private chains across a hierarchy small
  * enough that demotions, promotions and evictions run all the time. Every
- * byte a get returns is checked. Run under TSan in CI (bootstrap.sh tsan). */
+ * byte a get returns is checked; also with a middle tier that corrupts reads,
+ * so refused gets remove payloads under the other threads. Run under TSan in
+ * CI (bootstrap.sh tsan). */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,7 +13,7 @@
 #include <cmocka.h>
 #include <time.h>
 
-#include "cache_test_util.h"
+#include "cache_fixture.h"
 
 enum { THREADS = 8, SEQS = 6, CHAIN = 12, ROUNDS = 400 };
 
@@ -22,8 +24,6 @@ typedef struct shared {
   uint64_t len;
   atomic_long bad, gets_ok, puts_ok;
 } shared;
-
-static cache_fx *fx;
 
 static uint64_t rnd(uint64_t *s) {
   *s ^= *s << 13;
@@ -187,6 +187,120 @@ static void test_cache_threads_on_dram_and_nvme(void **state) {
   run_threads(spec, 0);
 }
 
+/* Many threads on three tiers with write-through, full verification and a
+ * middle tier that corrupts every 13th read: refused gets remove payloads
+ * while other threads put, get, look up and delete them. A get that
+ * succeeds returns the right bytes; nothing stays pinned; the counts agree
+ * with the tiers'. */
+enum { ST_THREADS = 6, ST_SEQS = 4, ST_CHAIN = 8, ST_ROUNDS = 250 };
+
+typedef struct stress {
+  kvt_cache *c;
+  kvt_key keys[ST_SEQS][ST_CHAIN];
+  uint8_t *payload[ST_SEQS][ST_CHAIN];
+  uint64_t len;
+  atomic_long bad, ok;
+  int id;
+} stress;
+
+static void *stress_main(void *arg) {
+  stress *st = ((void **)arg)[0];
+  uint64_t x = (uint64_t)(uintptr_t)((void **)arg)[1] * 0x9E3779B97F4A7C15ull + 1;
+  uint8_t *buf = malloc(st->len);
+  for (int r = 0; r < ST_ROUNDS; r++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    int s = (int)(x % ST_SEQS), op = (int)((x >> 8) % 10), i = (int)((x >> 16) % ST_CHAIN);
+    if (op < 4) {
+      for (int j = 0; j <= i; j++) {
+        int rc = kvt_cache_put(st->c, &st->keys[s][j], j ? &st->keys[s][j - 1] : NULL,
+                               st->payload[s][j], st->len);
+        if (rc && rc != -ENOSPC)
+          atomic_fetch_add(&st->bad, 1);
+      }
+    } else if (op < 8) {
+      size_t hits = 0;
+      kvt_cache_lookup_keys(st->c, st->keys[s], ST_CHAIN, &hits);
+      for (size_t j = 0; j < hits; j++) {
+        uint64_t got = 0;
+        int rc = kvt_cache_get(st->c, &st->keys[s][j], buf, st->len, &got, NULL);
+        if (rc == 0 && (got != st->len || memcmp(buf, st->payload[s][j], st->len)))
+          atomic_fetch_add(&st->bad, 1);
+        else if (rc == 0)
+          atomic_fetch_add(&st->ok, 1);
+        else if (rc != KVT_ENOTFOUND && rc != KVT_ECHECKSUM && rc != KVT_ECORRUPT &&
+                 rc != KVT_EFOREIGN && rc != KVT_EFORMAT && rc != KVT_ETRUNC &&
+                 rc != KVT_EVERSION && rc != KVT_ETOOBIG)
+          atomic_fetch_add(&st->bad, 1);
+      }
+    } else if (op < 9) {
+      int rc = kvt_cache_del(st->c, &st->keys[s][i]);
+      if (rc && rc != KVT_ENOTFOUND)
+        atomic_fetch_add(&st->bad, 1);
+    } else {
+      uint64_t len = 0;
+      int t = -1;
+      int rc = kvt_cache_query(st->c, &st->keys[s][i], &len, &t);
+      if (rc == 0 && (len != st->len || t < 0 || t > 2))
+        atomic_fetch_add(&st->bad, 1);
+      kvt_cache_stats all;
+      memset(&all, 0, sizeof(all));
+      kvt_cache_stats_get(st->c, -1, &all);
+    }
+  }
+  free(buf);
+  return NULL;
+}
+
+static void run_stress(uint32_t flags, uint32_t headroom_pct) {
+  stress *st = calloc(1, sizeof(*st));
+  for (uint32_t s = 0; s < ST_SEQS; s++) {
+    chain_keys(&fx->fp, 7000 + s, ST_CHAIN, st->keys[s]);
+    for (int j = 0; j < ST_CHAIN; j++)
+      st->payload[s][j] = payload_of(fx->ctx, &fx->fp, &st->keys[s][j], CT_TOKENS, &st->len);
+  }
+  char spec[600];
+  snprintf(spec, sizeof(spec),
+           "dram:%llu;fault:op=get,every=13,mode=corrupt@dram:%llu;nvme:%s/stress:256KiB",
+           (unsigned long long)(4 * pcost), (unsigned long long)(8 * pcost), fx->dir);
+  kvt_cache_config cfg = KVT_CACHE_CONFIG_INIT;
+  cfg.tiers = spec;
+  cfg.fingerprint = &fx->fp;
+  cfg.chunk_tokens = CT_TOKENS;
+  cfg.flags = flags;
+  cfg.headroom_pct = headroom_pct;
+  assert_int_equal(kvt_cache_open(fx->ctx, &cfg, &st->c), 0);
+  pthread_t th[ST_THREADS];
+  void *args[ST_THREADS][2];
+  for (int t = 0; t < ST_THREADS; t++) {
+    args[t][0] = st;
+    args[t][1] = (void *)(uintptr_t)(t + 1);
+    assert_int_equal(pthread_create(&th[t], NULL, stress_main, args[t]), 0);
+  }
+  for (int t = 0; t < ST_THREADS; t++)
+    pthread_join(th[t], NULL);
+  assert_int_equal(atomic_load(&st->bad), 0);
+  assert_true(atomic_load(&st->ok) > 0);
+  assert_settled(st->c);
+  kvt_cache_close(st->c);
+  for (int s = 0; s < ST_SEQS; s++)
+    for (int j = 0; j < ST_CHAIN; j++)
+      free(st->payload[s][j]);
+  free(st);
+}
+
+static void test_cache_threads_with_refusals_on_three_tiers(void **state) {
+  (void)state;
+  run_stress(KVT_CACHE_WRITE_THROUGH | KVT_CACHE_VERIFY, 0);
+}
+
+/* The same with the background mover keeping 30% of the upper tiers free. */
+static void test_cache_threads_with_refusals_and_the_background_mover(void **state) {
+  (void)state;
+  run_stress(KVT_CACHE_VERIFY | KVT_CACHE_BACKGROUND, 30);
+}
+
+/* The fixture of the first three tests, without the leak check of
+ * cache_fixture.h's ct_setup (which the refusal tests use). */
 static int setup(void **state) {
   (void)state;
   fx = cache_fx_new();
@@ -205,6 +319,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cache_threads_on_dram_and_nvme, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cache_threads_with_the_background_mover, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_cache_threads_with_refusals_on_three_tiers, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_threads_with_refusals_and_the_background_mover,
+                                      ct_setup, ct_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,32 +15,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CLI_BIN KVT_BINARY_DIR "/programs/kvtier"
-
-static char dir[64];
-static char out[65536];
-
-/* Runs `kvtier ARGS` with stdout into out; returns the exit status. */
-static int run(const char *args) {
-  char cmd[1024], path[128];
-  snprintf(cmd, sizeof(cmd), "cd %s && %s %s >stdout.txt 2>stderr.txt", dir, CLI_BIN, args);
-  const int st = system(cmd);
-  snprintf(path, sizeof(path), "%s/stdout.txt", dir);
-  out[0] = '\0';
-  FILE *f = fopen(path, "rb");
-  if (f) {
-    out[fread(out, 1, sizeof(out) - 1, f)] = '\0';
-    fclose(f);
-  }
-  return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#include "cli_harness.h"
 
 static void test_bench_tier_dram_json_has_memcpy_baseline(void **state) {
   (void)state;
   assert_int_equal(run("bench tier --tiers dram:64MiB --size 1MiB --count 8 --json"), 0);
-  assert_non_null(strstr(out, "\"memcpy_gbps\""));
-  assert_non_null(strstr(out, "\"get_vs_memcpy\""));
-  assert_non_null(strstr(out, "\"put_gbps\""));
+  assert_non_null(strstr(res.out, "\"memcpy_gbps\""));
+  assert_non_null(strstr(res.out, "\"get_vs_memcpy\""));
+  assert_non_null(strstr(res.out, "\"put_gbps\""));
 }
 
 static void test_bench_tier_nvme_json_has_fio_baseline_or_null(void **state) {
@@ -48,11 +30,11 @@ static void test_bench_tier_nvme_json_has_fio_baseline_or_null(void **state) {
   char args[256];
   snprintf(args, sizeof(args), "bench tier --tiers nvme:%s/nv:64MiB --size 1MiB --count 8 --json",
            dir);
-  assert_int_equal(run(args), 0);
-  assert_non_null(strstr(out, "\"fio\":"));
-  if (!strstr(out, "\"fio\": null")) {
-    assert_non_null(strstr(out, "\"get_vs_fio_read\""));
-    assert_non_null(strstr(out, "--ioengine=io_uring"));
+  assert_int_equal(run("%s", args), 0);
+  assert_non_null(strstr(res.out, "\"fio\":"));
+  if (!strstr(res.out, "\"fio\": null")) {
+    assert_non_null(strstr(res.out, "\"get_vs_fio_read\""));
+    assert_non_null(strstr(res.out, "--ioengine=io_uring"));
   }
   /* the fio file is removed afterwards */
   char cmd[256];

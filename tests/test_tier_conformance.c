@@ -2,7 +2,9 @@
  * against each spec in tier_rows[]: round trips, misses, overwrite, too-small
  * buffers, capacity, 256 operations in one submit, 8 threads on the blocking
  * helpers, close with operations in flight, stats, list, malformed
- * operations; then the spec parser's refusals.
+ * operations, traits; then the spec parser's refusals and the traits of
+ * NULL, of an application's backend table (of either size), of decorators
+ * over nvme and of hbm.
  *
  * Adding a tier is adding a row. "{tmpdir}" in a row is replaced by a fresh
  * temporary directory per test, removed afterwards. A row whose scheme is not
@@ -651,6 +653,117 @@ static void test_sizes_parse_with_binary_and_decimal_units(void **state) {
   assert_int_equal(kvt_parse_size(NULL, NULL), -EINVAL);
 }
 
+/* ---- traits ---- */
+
+/* What a spec's backend must declare: decorators (trace@, fault:RULES@)
+ * answer for the tier they wrap. */
+static uint32_t traits_expected(const char *spec) {
+  for (;;) {
+    if (strncmp(spec, "trace@", 6) == 0)
+      spec += 6;
+    else if (strncmp(spec, "fault:", 6) == 0 && strchr(spec, '@'))
+      spec = strchr(spec, '@') + 1;
+    else
+      break;
+  }
+  const uint32_t remote = KVT_TIER_PERSISTENT | KVT_TIER_SHARED | KVT_TIER_REMOTE;
+  static const struct {
+    const char *prefix;
+    uint32_t traits;
+  } want[] = {{"dram:", KVT_TIER_HOST_MEMORY}, {"nvme:", KVT_TIER_PERSISTENT},
+              {"hbm:", KVT_TIER_DEVICE},       {"redis://", 0},
+              {"redis+cluster://", 0},         {"fabric://", 0}};
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+    if (strncmp(spec, want[i].prefix, strlen(want[i].prefix)) == 0)
+      return want[i].traits ? want[i].traits : remote;
+  fail_msg("no traits known for the row '%s'", spec);
+  return 0;
+}
+
+static void test_traits_are_those_its_backend_declares(void **state) {
+  fixture *f = *state;
+  assert_int_equal(kvt_tier_traits(f->tier), traits_expected(f->spec));
+}
+
+static void test_traits_of_null_are_none(void **state) {
+  (void)state;
+  assert_int_equal(kvt_tier_traits(NULL), 0);
+}
+
+static int nop_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **st) {
+  (void)ctx, (void)args, (void)tier;
+  *st = NULL;
+  return 0;
+}
+static void nop_close(void *st) {
+  (void)st;
+}
+static int nop_submit(void *st, kvt_tier_op *op) {
+  (void)st, (void)op;
+  return -ENOTSUP; /* nothing is ever submitted here */
+}
+static uint32_t nop_traits_of(void *st) {
+  (void)st;
+  return KVT_TIER_SHARED;
+}
+
+/* An application's backend: traits from its table, from traits_of when set,
+ * and none from a table of an older size that ends before them. */
+static void test_backend_traits_come_from_its_table_and_its_size(void **state) {
+  (void)state;
+  kvt_ctx *ctx = NULL;
+  assert_int_equal(kvt_ctx_create(NULL, &ctx), 0);
+  kvt_tier_backend be = {.abi_version = KVT_TIER_ABI_VERSION,
+                         .struct_size = sizeof(kvt_tier_backend),
+                         .scheme = "nop",
+                         .open = nop_open,
+                         .close = nop_close,
+                         .submit = nop_submit,
+                         .traits = KVT_TIER_PERSISTENT | KVT_TIER_REMOTE};
+  kvt_tier *t = NULL;
+  assert_int_equal(kvt_tier_open_backend(ctx, &be, "", &t), 0);
+  assert_int_equal(kvt_tier_traits(t), KVT_TIER_PERSISTENT | KVT_TIER_REMOTE);
+  kvt_tier_close(t);
+  be.traits_of = nop_traits_of;
+  assert_int_equal(kvt_tier_open_backend(ctx, &be, "", &t), 0);
+  assert_int_equal(kvt_tier_traits(t), KVT_TIER_SHARED);
+  kvt_tier_close(t);
+  /* 0.2's table: traits and traits_of lie past its struct_size. */
+  be.struct_size = (uint32_t)offsetof(kvt_tier_backend, traits);
+  assert_int_equal(kvt_tier_open_backend(ctx, &be, "", &t), 0);
+  assert_int_equal(kvt_tier_traits(t), 0);
+  kvt_tier_close(t);
+  kvt_ctx_destroy(ctx);
+}
+
+/* trace@ and fault:@ over nvme: the rows wrap dram only. */
+static void test_decorators_answer_for_the_tier_they_wrap(void **state) {
+  (void)state;
+  fixture *f = fixture_new("trace@fault:op=any,every=1000000,mode=fail@nvme:{tmpdir}:1MiB");
+  assert_non_null(f);
+  assert_int_equal(kvt_tier_open(f->ctx, f->spec, &f->tier), 0);
+  assert_int_equal(kvt_tier_traits(f->tier), KVT_TIER_PERSISTENT);
+  fixture_free(f);
+}
+
+/* The hbm tier is not a conformance row (its values live in device memory):
+ * its traits are checked where CUDA and a device are there. */
+static void test_hbm_tier_is_device_memory(void **state) {
+  (void)state;
+  kvt_ctx *ctx = NULL;
+  assert_int_equal(kvt_ctx_create(NULL, &ctx), 0);
+  kvt_tier *t = NULL;
+  const int rc = kvt_tier_open(ctx, "hbm:0:1MiB", &t);
+  if (rc) {
+    printf("[  SKIP    ] hbm:0:1MiB: %s: %s\n", kvt_err_name(rc), kvt_ctx_last_error(ctx));
+    kvt_ctx_destroy(ctx);
+    skip();
+  }
+  assert_int_equal(kvt_tier_traits(t), traits_expected("hbm:0:1MiB"));
+  kvt_tier_close(t);
+  kvt_ctx_destroy(ctx);
+}
+
 /* Whether the row's scheme is built in: KVT_ENOTSUP means skip the row. */
 static int row_built(const tier_row *row) {
   fixture *f = fixture_new(row->spec);
@@ -708,12 +821,17 @@ int main(void) {
         ROW_TEST(test_stats_count_the_operations_done),
         ROW_TEST(test_list_returns_exactly_the_stored_keys),
         ROW_TEST(test_malformed_ops_are_rejected_with_einval),
+        ROW_TEST(test_traits_are_those_its_backend_declares),
     };
     failed += cmocka_run_group_tests_name(row->spec, tests, NULL, NULL);
   }
   const struct CMUnitTest spec_tests[] = {
       cmocka_unit_test(test_bad_specs_fail_with_a_detail_naming_the_problem),
       cmocka_unit_test(test_sizes_parse_with_binary_and_decimal_units),
+      cmocka_unit_test(test_traits_of_null_are_none),
+      cmocka_unit_test(test_backend_traits_come_from_its_table_and_its_size),
+      cmocka_unit_test(test_decorators_answer_for_the_tier_they_wrap),
+      cmocka_unit_test(test_hbm_tier_is_device_memory),
   };
   failed += cmocka_run_group_tests_name("tier specs", spec_tests, NULL, NULL);
   if (rows_run == 0 && failed == 0)

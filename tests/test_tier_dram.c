@@ -20,6 +20,8 @@
 #include "kvtier.h"
 #include "kvtier/gpu.h"
 
+#include "cache_fixture.h"
+
 #define KiB (1ull << 10)
 #define MiB (1ull << 20)
 #define MAX_LIVE 4096
@@ -263,6 +265,58 @@ static void test_dram_borrow_lends_in_place_until_returned(void **state) {
   snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
   assert_int_equal(system(cmd), 0);
   kvt_ctx_destroy(c);
+}
+
+/* A loan keeps the bytes it lent while the key is replaced and then
+ * deleted; the old block stays counted until the loan comes back, and the
+ * tier closes with nothing leaked (the fixture's allocator check). */
+static void test_tier_loan_survives_replace_and_delete_until_returned(void **state) {
+  (void)state;
+  kvt_tier *t;
+  assert_int_equal(kvt_tier_open(fx->ctx, "dram:64KiB,pin=off", &t), 0);
+  kvt_key k = {{9, 8, 7}};
+  uint8_t v1[1000], v2[3000], back[3000];
+  memset(v1, 0x11, sizeof(v1));
+  memset(v2, 0x22, sizeof(v2));
+  assert_int_equal(kvt_tier_put(t, &k, v1, sizeof(v1)), 0);
+  kvt_tier_loan loan;
+  assert_int_equal(kvt_tier_borrow(t, &k, &loan), 0);
+  assert_int_equal(loan.len, sizeof(v1));
+  assert_int_equal(kvt_tier_put(t, &k, v2, sizeof(v2)), 0); /* replace */
+  uint64_t got = 0;
+  assert_int_equal(kvt_tier_get(t, &k, back, sizeof(back), &got), 0);
+  assert_int_equal(got, sizeof(v2));
+  assert_memory_equal(back, v2, sizeof(v2));
+  assert_memory_equal(loan.data, v1, sizeof(v1)); /* the loan still sees v1 */
+  kvt_tier_stats s;
+  memset(&s, 0, sizeof(s));
+  s.struct_size = sizeof(s);
+  assert_int_equal(kvt_tier_stats_get(t, &s), 0);
+  assert_int_equal(s.items, 1);
+  assert_int_equal(s.used, 1024 + 3072); /* the replaced block waits for the loan */
+  assert_int_equal(kvt_tier_del(t, &k), 0);
+  assert_memory_equal(loan.data, v1, sizeof(v1));
+  kvt_tier_return(t, &loan);
+  assert_null(loan.internal);
+  kvt_tier_return(t, &loan); /* a second return is harmless */
+  assert_int_equal(kvt_tier_stats_get(t, &s), 0);
+  assert_int_equal(s.items, 0);
+  assert_int_equal(s.used, 0);
+  /* Every pin record came back: 64 loans of distinct keys fit again. */
+  kvt_tier_loan many[64];
+  for (int i = 0; i < 64; i++) {
+    kvt_key ki = {{(uint8_t)i, 1}};
+    assert_int_equal(kvt_tier_put(t, &ki, v1, 100), 0);
+    assert_int_equal(kvt_tier_borrow(t, &ki, &many[i]), 0);
+  }
+  kvt_key extra = {{200, 1}};
+  assert_int_equal(kvt_tier_put(t, &extra, v1, 100), 0);
+  assert_int_equal(kvt_tier_borrow(t, &extra, &loan), -EAGAIN);
+  for (int i = 0; i < 64; i++)
+    kvt_tier_return(t, &many[i]);
+  assert_int_equal(kvt_tier_borrow(t, &extra, &loan), 0);
+  kvt_tier_return(t, &loan);
+  kvt_tier_close(t);
 }
 
 static void test_dram_put_beyond_free_space_is_enospc_and_used_stays_within_capacity(void **state) {
@@ -658,6 +712,8 @@ int main(void) {
       cmocka_unit_test(test_dram_open_rejects_zero_or_unparsable_capacity),
       cmocka_unit_test(test_dram_pin_option),
       cmocka_unit_test(test_dram_borrow_lends_in_place_until_returned),
+      cmocka_unit_test_setup_teardown(test_tier_loan_survives_replace_and_delete_until_returned,
+                                      ct_setup, ct_teardown),
       cmocka_unit_test(test_dram_put_beyond_free_space_is_enospc_and_used_stays_within_capacity),
       cmocka_unit_test(test_dram_used_counts_granule_rounding_and_empty_values),
       cmocka_unit_test(test_dram_failed_replace_keeps_the_old_value),

@@ -1,11 +1,14 @@
 /* tests/test_tier_redis.c - the redis:// tier against redis-server processes
- * this program starts on 127.0.0.1 (tests/redis_fixture.h): the whole tier
- * conformance suite (test_tier_conformance run with KVT_CONFORMANCE_SPECS),
- * then what is particular to Redis: binary-safe values, values split into
- * parts, namespaces, TTL, AUTH (password and ACL user), a full server, torn
- * parts, a server killed and restarted under load from several threads, and
- * many clients at once; and that `kvtier bench redis` runs. Exits 77 when
- * redis-server is not on PATH. */
+ * this program starts on 127.0.0.1 (tests/fixtures/redis_fixture.h): the
+ * whole tier conformance suite (test_tier_conformance run with
+ * KVT_CONFORMANCE_SPECS), then what is particular to Redis: binary-safe
+ * values, values split into parts, namespaces, TTL, AUTH (password and ACL
+ * user), a full server, torn parts, a server killed and restarted under load
+ * from several threads, and many clients at once; bad escapes in the
+ * credentials of a spec; that `kvtier bench redis` runs, and that the
+ * fixture forgets the servers it stopped. Failures of the connection and the
+ * server are in test_tier_redis_faults.c, items and used in
+ * test_tier_redis_accounting.c. Exits 77 when redis-server is not on PATH. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -26,7 +29,10 @@
 #include "redis_fixture.h"
 #include "tier_test_util.h"
 
+/* Static, never on the stack: the fixture keeps pointers to every server it
+ * started (rfx_all) and reads them again at exit. */
 static rfx_server srv; /* shared by the tests that need nothing special */
+static rfx_server aux; /* one test's own server, stopped by that test */
 
 static double now_s(void) {
   struct timespec ts;
@@ -706,6 +712,82 @@ static void test_bad_specs_and_dead_servers_fail_open_with_detail(void **state) 
   kvt_ctx_destroy(ctx);
 }
 
+static int open_rc(kvt_ctx *ctx, const char *fmt, ...) {
+  char spec[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(spec, sizeof(spec), fmt, ap);
+  va_end(ap);
+  kvt_tier *t = NULL;
+  const int rc = kvt_tier_open(ctx, spec, &t);
+  kvt_tier_close(t);
+  return rc;
+}
+
+/* %XX must be two hex digits: strtol() also takes a sign or a space
+ * ("%-1" is 0xFF, "% 1" is 0x01), which should be a bad spec. */
+static void test_bad_percent_escapes_in_credentials_are_espec(void **state) {
+  (void)state;
+  kvt_ctx *ctx = ctx_new();
+  static const char *const bad[] = {":%-1", ":% 1", ":%+1", ":a%-F", "%-1:pw"};
+  char why[1024] = "";
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    const int rc =
+        open_rc(ctx, "redis://%s@127.0.0.1:%d?ns=rv-esc", bad[i], srv.port);
+    if (rc != KVT_ESPEC)
+      snprintf(why + strlen(why), sizeof(why) - strlen(why), " '%s@': %s;",
+               bad[i], kvt_err_name(rc));
+  }
+  kvt_ctx_destroy(ctx);
+  if (why[0])
+    fail_msg("accepted as escapes:%s", why);
+}
+
+/* "%00" decodes into a NUL that ends the C string: ":ab%00zz@" sends
+ * AUTH ab and opens with a password other than the one given. */
+static void test_nul_escape_in_password_is_refused(void **state) {
+  (void)state;
+  rfx_server *s = &aux;
+  static const char *const args[] = {"--requirepass", "ab"};
+  memset(s, 0, sizeof(*s));
+  s->pass = "ab"; /* rfx_start PINGs with it */
+  s->args[s->nargs++] = args[0];
+  s->args[s->nargs++] = args[1];
+  assert_int_equal(rfx_start(s), 0);
+  kvt_ctx *ctx = ctx_new();
+  const int rc =
+      open_rc(ctx, "redis://:ab%%00zz@127.0.0.1:%d?ns=rv-nul", s->port);
+  const int rc_user =
+      open_rc(ctx, "redis://default:ab%%00zz@127.0.0.1:%d?ns=rv-nul", s->port);
+  kvt_ctx_destroy(ctx);
+  rfx_stop(s);
+  if (rc == 0 || rc_user == 0)
+    fail_msg("password \"ab\\0zz\" opened a server whose password is \"ab\" "
+             "(%s, %s)",
+             kvt_err_name(rc), kvt_err_name(rc_user));
+}
+
+/* ---- the fixture ---- */
+
+static void start_server(rfx_server *s, const char *const *args, int nargs) {
+  memset(s, 0, sizeof(*s));
+  for (int i = 0; i < nargs; i++)
+    s->args[s->nargs++] = args[i];
+  assert_int_equal(rfx_start(s), 0);
+}
+
+/* rfx_stop() leaves the server in rfx_all, and rfx_kill_all() reads every
+ * entry at exit: test_tier_redis.c's servers live on the stack, so at exit
+ * it reads dead frames and kill()s whatever positive pid they hold. */
+static void test_fixture_forgets_servers_it_stopped(void **state) {
+  (void)state;
+  start_server(&aux, NULL, 0);
+  rfx_stop(&aux);
+  for (int i = 0; i < RFX_MAX_SERVERS; i++)
+    if (rfx_all[i] == &aux)
+      fail_msg("a stopped server stays registered (rfx_all[%d])", i);
+}
+
 static int group_setup(void **state) {
   (void)state;
   memset(&srv, 0, sizeof(srv));
@@ -739,6 +821,9 @@ int main(void) {
       cmocka_unit_test(test_many_clients_at_once_keep_values_whole),
       cmocka_unit_test(test_bad_specs_and_dead_servers_fail_open_with_detail),
       cmocka_unit_test(test_bench_redis_cli_runs_against_the_fixture_server),
+      cmocka_unit_test(test_bad_percent_escapes_in_credentials_are_espec),
+      cmocka_unit_test(test_nul_escape_in_password_is_refused),
+      cmocka_unit_test(test_fixture_forgets_servers_it_stopped),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,11 +1,12 @@
 /* tests/test_tier_redis_cluster.c - the redis+cluster:// tier against a
  * 3-master Redis Cluster this program starts on 127.0.0.1
- * (tests/redis_fixture.h): the whole tier conformance suite, keys spread over
- * every master, a slot migrated under the tier (ASK while it moves, MOVED
- * after), a master killed under load from several threads (its slots
- * fail cleanly, the others keep working, and its restart recovers), and a
- * master replaced by its replica (CLUSTER FAILOVER TAKEOVER). Exits 77
- * when redis-server is not on PATH. */
+ * (tests/fixtures/redis_fixture.h): the whole tier conformance suite, keys
+ * spread over every master, a slot migrated under the tier (ASK while it
+ * moves, MOVED after), a master killed under load from several threads (its
+ * slots fail cleanly, the others keep working, and its restart recovers), a
+ * master replaced by its replica (CLUSTER FAILOVER TAKEOVER), MOVED to an
+ * endpoint a node does not know (":PORT"), and the slot hash (CRC16) against
+ * the cluster spec. Exits 77 when redis-server is not on PATH. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -24,9 +25,11 @@
 
 #include "kvtier.h"
 #include "redis_fixture.h"
+#include "tier_redis.h"
 #include "tier_test_util.h"
 
 static rfx_server nodes[RFX_CLUSTER_N];
+static rfx_server cl[RFX_CLUSTER_N]; /* one test's own cluster, stopped by that test */
 
 static kvt_key key_of(uint32_t space, uint32_t id) {
   kvt_key k;
@@ -435,6 +438,80 @@ static void test_failover_to_a_replica_is_followed_after_a_map_refresh(void **st
   rfx_stop(&replica);
 }
 
+/* ---- redirections to an endpoint the node does not know ---- */
+
+static kvt_tier *tier_open(kvt_ctx *ctx, const char *fmt, ...) {
+  char spec[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(spec, sizeof(spec), fmt, ap);
+  va_end(ap);
+  kvt_tier *t = NULL;
+  const int rc = kvt_tier_open(ctx, spec, &t);
+  if (rc)
+    fail_msg("open %s: %s: %s", spec, kvt_err_name(rc),
+             kvt_ctx_last_error(ctx));
+  return t;
+}
+
+/* With cluster-preferred-endpoint-type unknown-endpoint (nodes behind
+ * addresses they do not know), MOVED says ":PORT": the host is the one that
+ * replied. apply_slots() takes the seed's host for CLUSTER SLOTS' NULL host,
+ * but job_error() makes a node named "" of it, and the redirected operation
+ * fails. */
+static void
+test_moved_to_an_unknown_endpoint_goes_to_the_replying_host(void **state) {
+  (void)state;
+  assert_int_equal(rfx_cluster_start(cl), 0);
+  for (int i = 0; i < RFX_CLUSTER_N; i++)
+    assert_true(rfx_cmd_ok(
+        cl[i].port,
+        "CONFIG SET cluster-preferred-endpoint-type unknown-endpoint"));
+  kvt_ctx *ctx = ctx_new();
+  kvt_tier *t = tier_open(
+      ctx, "redis+cluster://127.0.0.1:%d?ns=rv-moved&conns=1", cl[0].port);
+  const kvt_key k = key_of(10, 1);
+  char hex[33];
+  for (int i = 0; i < 16; i++)
+    snprintf(hex + 2 * i, 3, "%02x", k.bytes[i]);
+  const unsigned slot = rd_crc16(hex, 32) & 16383u;
+  const int src = rfx_slot_owner(cl, RFX_CLUSTER_N, slot),
+            dst = (src + 1) % RFX_CLUSTER_N;
+  assert_true(src >= 0);
+  redisReply *r = rfx_cmd(cl[dst].port, "CLUSTER MYID");
+  assert_true(r && r->type == REDIS_REPLY_STRING);
+  char dst_id[64];
+  snprintf(dst_id, sizeof(dst_id), "%s", r->str);
+  freeReplyObject(r);
+  for (int i = 0; i < RFX_CLUSTER_N;
+       i++) /* the (empty) slot moves; the tier's map is stale */
+    assert_true(rfx_cmd_ok(cl[(dst + i) % RFX_CLUSTER_N].port,
+                           "CLUSTER SETSLOT %u NODE %s", slot, dst_id));
+  r = rfx_cmd(cl[src].port, "SET kvt:rv-moved:{%s} x", hex);
+  const int moved =
+      r && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "MOVED ", 6) == 0;
+  char reply[128] = "";
+  if (r)
+    snprintf(reply, sizeof(reply), "%s", r->str ? r->str : "");
+  if (r)
+    freeReplyObject(r);
+  const int rc = kvt_tier_put(t, &k, "moved", 5);
+  kvt_tier_close(t);
+  kvt_ctx_destroy(ctx);
+  for (int i = 0; i < RFX_CLUSTER_N; i++)
+    rfx_stop(&cl[i]);
+  assert_true(moved); /* the source redirects: reply */
+  if (rc != 0)
+    fail_msg("PUT redirected by '%s': %s", reply, kvt_err_name(rc));
+}
+
+/* CRC16/XMODEM check value, and the cluster spec's hash-tag example slot. */
+static void test_crc16_matches_the_cluster_spec(void **state) {
+  (void)state;
+  assert_int_equal(rd_crc16("123456789", 9), 0x31C3);
+  assert_int_equal(rd_crc16("user1000", 8) & 16383, 3443);
+}
+
 static int group_setup(void **state) {
   (void)state;
   const int rc = rfx_cluster_start(nodes);
@@ -461,6 +538,8 @@ int main(void) {
       cmocka_unit_test(test_migrating_slot_is_followed_through_ask_and_moved),
       cmocka_unit_test(test_killed_master_fails_its_slots_cleanly_and_recovers),
       cmocka_unit_test(test_failover_to_a_replica_is_followed_after_a_map_refresh),
+      cmocka_unit_test(test_moved_to_an_unknown_endpoint_goes_to_the_replying_host),
+      cmocka_unit_test(test_crc16_matches_the_cluster_spec),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -77,7 +77,8 @@ typedef struct kvt_cache_config {
   /* Tier specs, hottest first, separated by ';' (1 to KVT_CACHE_MAX_TIERS),
    * e.g. "dram:8GiB;nvme:/var/cache/kvtier:1TiB". See kvtier/tier.h. A ';'
    * splits only where a scheme follows ("nvme:", "trace@"), so the ';'
-   * between a fault decorator's rules stays inside its spec. */
+   * between a fault decorator's rules stays inside its spec. NULL when
+   * tier_handles gives every tier. */
   const char *tiers;
   /* The model fingerprint (kvt_fingerprint) of every payload this cache
    * holds; copied at open. NULL accepts payloads of any model (operator
@@ -96,18 +97,30 @@ typedef struct kvt_cache_config {
    * empty entry: hbm3-h100 for hbm, pcie5-x16 for dram, nvme-gen4 for nvme,
    * 25 GB/s (rdma-200g) for the remote tiers (redis, fabric). */
   const char *links;
+  /* Appended in 0.3: tiers the application opened itself (an application's
+   * backend through kvt_tier_open_backend, or kvt_tier_open), placed after
+   * those of `tiers` (which may then be NULL), hottest first; the cache
+   * treats each by its traits (kvt_tier_traits) like a built-in tier: a
+   * KVT_TIER_PERSISTENT one is listed at open, a KVT_TIER_SHARED one is
+   * asked about keys the index misses. On success the cache owns them and
+   * kvt_cache_close() closes them: the application neither closes nor uses
+   * them afterwards (kvt_cache_tier() reads them). On failure they remain
+   * the application's, untouched but for a listing. Each handle once, none
+   * NULL, on a context that outlives the cache. */
+  kvt_tier *const *tier_handles;
+  uint32_t n_tier_handles;
 } kvt_cache_config;
 
-#define KVT_CACHE_CONFIG_INIT { sizeof(kvt_cache_config), NULL, NULL, 256, 0, 0, NULL }
+#define KVT_CACHE_CONFIG_INIT { sizeof(kvt_cache_config), NULL, NULL, 256, 0, 0, NULL, NULL, 0 }
 
 /* Opens every tier and builds the index from what the persistent tiers hold
  * (a config of an older, shorter struct_size opens with the later fields at
  * their defaults)
  * (their payloads are found again, without parent links until a lookup
  * walks them). *out is written only on success. Returns 0, -EINVAL (detail in
- * ctx) for a bad config or more than KVT_CACHE_MAX_TIERS tiers, -ENOMEM, or
- * the error of the tier that failed to open. The context must outlive the
- * cache. */
+ * ctx) for a bad config (no tiers at all, a NULL or repeated tier handle) or
+ * more than KVT_CACHE_MAX_TIERS tiers, -ENOMEM, or the error of the tier
+ * that failed to open. The context must outlive the cache. */
 KVT_API int kvt_cache_open(kvt_ctx *ctx, const kvt_cache_config *cfg, kvt_cache **out);
 
 /* Closes the tiers and frees the cache. No call may be in flight. Accepts

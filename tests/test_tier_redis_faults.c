@@ -1,10 +1,10 @@
-/* tests/test_tier_redis_review.c - review findings on the redis:// tier,
- * each a behaviour tier.h or tiers/tier_redis.c promises, against
- * redis-server processes this program starts on 127.0.0.1
- * (tests/redis_fixture.h). Some tests put a byte-counting TCP proxy between
- * the tier and the server, to hold replies, drip them, or cut the connection
- * after an exact number of reply bytes. Exits 77 when redis-server is not on
- * PATH. */
+/* tests/test_tier_redis_faults.c - the redis:// tier when the connection or
+ * the server fails, against redis-server processes this program starts on
+ * 127.0.0.1 (tests/fixtures/redis_fixture.h): a byte-counting TCP proxy
+ * between the tier and the server holds replies, drips them, or cuts the
+ * connection after an exact number of reply bytes; a server closes idle
+ * connections, refuses writes in the middle of a multi-part PUT, or dies
+ * under operations in flight. Exits 77 when redis-server is not on PATH. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -23,14 +23,12 @@
 
 #include "kvtier.h"
 #include "redis_fixture.h"
-#include "tier_redis.h"
 #include "tier_test_util.h"
 
 /* Static, never on the stack: the fixture keeps pointers to every server it
  * started (rfx_all) and reads them again at exit. */
 static rfx_server srv; /* shared by the tests that need nothing special */
 static rfx_server aux; /* one test's own server, stopped by that test */
-static rfx_server cl[RFX_CLUSTER_N];
 
 static kvt_key key_of(uint32_t space, uint32_t id) {
   kvt_key k;
@@ -59,18 +57,6 @@ static kvt_tier *tier_open(kvt_ctx *ctx, const char *fmt, ...) {
     fail_msg("open %s: %s: %s", spec, kvt_err_name(rc),
              kvt_ctx_last_error(ctx));
   return t;
-}
-
-static int open_rc(kvt_ctx *ctx, const char *fmt, ...) {
-  char spec[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(spec, sizeof(spec), fmt, ap);
-  va_end(ap);
-  kvt_tier *t = NULL;
-  const int rc = kvt_tier_open(ctx, spec, &t);
-  kvt_tier_close(t);
-  return rc;
 }
 
 static int count_cb(void *opaque, const kvt_key *key, uint64_t len) {
@@ -421,250 +407,7 @@ static void test_failed_multipart_put_keeps_items_and_used_true(void **state) {
              (unsigned long long)st.items, (unsigned long long)st.used, listed);
 }
 
-/* ---- accounting ---- */
-
-/* tier.h: item_overhead + len rounded to granule is "what one value of len
- * bytes costs in `used`" (the cache plans evictions with it). */
-static void test_used_matches_item_overhead_for_split_values(void **state) {
-  (void)state;
-  kvt_ctx *ctx = ctx_new();
-  kvt_tier *t =
-      tier_open(ctx, "redis://127.0.0.1:%d?ns=rv-cost&part=1KiB", srv.port);
-  uint8_t val[3000];
-  fill(val, sizeof(val), 15);
-  const kvt_key k = key_of(6, 1);
-  assert_int_equal(kvt_tier_put(t, &k, val, sizeof(val)), 0);
-  const kvt_tier_stats st = stats_of(t);
-  assert_int_equal(kvt_tier_del(t, &k), 0);
-  kvt_tier_close(t);
-  kvt_ctx_destroy(ctx);
-  const uint64_t g = st.granule ? st.granule : 1;
-  assert_int_equal(st.used, st.item_overhead + (sizeof(val) + g - 1) / g * g);
-}
-
-/* ttl= and capacity= together: values that expired keep counting in `used`
- * forever, so the tier refuses every PUT once capacity was reached once,
- * with nothing stored. */
-static void test_expired_ttl_values_do_not_hold_capacity_forever(void **state) {
-  (void)state;
-  kvt_ctx *ctx = ctx_new();
-  kvt_tier *t = tier_open(
-      ctx, "redis://127.0.0.1:%d?ns=rv-ttlcap&ttl=1&capacity=8KiB", srv.port);
-  uint8_t val[6000], got[6000];
-  fill(val, sizeof(val), 16);
-  const kvt_key k1 = key_of(7, 1), k2 = key_of(7, 2);
-  uint64_t len = 0;
-  assert_int_equal(kvt_tier_put(t, &k1, val, sizeof(val)), 0);
-  rfx_sleep_ms(1300);
-  assert_int_equal(kvt_tier_get(t, &k1, got, sizeof(got), &len),
-                   KVT_ENOTFOUND); /* expired */
-  const int rc = kvt_tier_put(t, &k2, val, sizeof(val));
-  kvt_tier_del(t, &k2);
-  kvt_tier_close(t);
-  kvt_ctx_destroy(ctx);
-  if (rc != 0)
-    fail_msg("PUT into an empty namespace (the only value expired): %s",
-             kvt_err_name(rc));
-}
-
-/* Without capacity= the tier reports the server's maxmemory as capacity,
- * but `used` leaves out what Redis spends per key and on itself ("used:
- * bytes held now, the backend's allocation overhead included"), so the
- * server refuses PUTs while used + the next value's cost is far below
- * capacity: the cache, planning evictions on used and capacity, never
- * evicts in time. */
-static void test_server_full_only_when_used_says_so(void **state) {
-  (void)state;
-  static const char *const args[] = {"--maxmemory", "3mb", "--maxmemory-policy",
-                                     "noeviction"};
-  start_server(&aux, args, 4);
-  kvt_ctx *ctx = ctx_new();
-  kvt_tier *t = tier_open(ctx, "redis://127.0.0.1:%d?ns=rv-full", aux.port);
-  uint8_t val[1024];
-  fill(val, sizeof(val), 17);
-  int rc = 0;
-  uint32_t n = 0;
-  for (; n < 20000 && rc == 0; n++) {
-    const kvt_key k = key_of(11, n);
-    rc = kvt_tier_put(t, &k, val, sizeof(val));
-  }
-  const kvt_tier_stats st = stats_of(t);
-  kvt_tier_close(t);
-  kvt_ctx_destroy(ctx);
-  rfx_stop(&aux);
-  assert_int_equal(rc, -ENOSPC);
-  const uint64_t next = st.item_overhead + sizeof(val);
-  if (st.used + next <= st.capacity)
-    fail_msg("-ENOSPC after %u values with used %llu + %llu <= capacity %llu",
-             n - 1, (unsigned long long)st.used, (unsigned long long)next,
-             (unsigned long long)st.capacity);
-}
-
-/* Two workers replacing one key at once: each PUT reads the old header
- * (GETRANGE), then writes; Redis reads 16 KiB of a client's commands per
- * turn, so both GETRANGEs run before either SET, both PUTs see the same old
- * value (or none) and both subtract it (or neither does). */
-static void test_concurrent_replace_of_one_key_keeps_items_exact(void **state) {
-  (void)state;
-  kvt_ctx *ctx = ctx_new();
-  kvt_tier *t = tier_open(
-      ctx, "redis://127.0.0.1:%d?ns=rv-race&part=64KiB&conns=2&pipeline=1",
-      srv.port);
-  enum { N = 300000 };
-  uint8_t *v = malloc(2 * N);
-  fill(v, 2 * N, 18);
-  const kvt_key k = key_of(8, 1);
-  kvt_tier_stats st = {0};
-  uint64_t len = 0, cost = 0;
-  int round = 0;
-  for (; round < 100; round++) {
-    kvt_tier_op ops[2];
-    kvt_tier_op_init(&ops[0], KVT_TIER_PUT, &k, v, N, 0);
-    kvt_tier_op_init(&ops[1], KVT_TIER_PUT, &k, v + N, N - 1000, 1);
-    kvt_tier_op *both[2] = {&ops[0], &ops[1]}, *done[2];
-    assert_int_equal(kvt_tier_submit(t, both, 2), 2); /* one to each worker */
-    for (int got = 0; got < 2;)
-      got += kvt_tier_poll(t, done + got, (size_t)(2 - got), -1);
-    assert_int_equal(ops[0].result, 0);
-    assert_int_equal(ops[1].result, 0);
-    st = stats_of(t);
-    assert_int_equal(kvt_tier_query(t, &k, &len), 0);
-    cost = st.item_overhead + len; /* tier.h: what one value costs in used */
-    if (st.items != 1 || st.used != cost)
-      break;
-  }
-  kvt_tier_del(t, &k);
-  free(v);
-  kvt_tier_close(t);
-  kvt_ctx_destroy(ctx);
-  if (st.items != 1 || st.used != cost)
-    fail_msg("round %d of two concurrent PUTs: one value of %llu bytes (cost "
-             "%llu) held, but "
-             "items %llu, used %llu",
-             round, (unsigned long long)len, (unsigned long long)cost,
-             (unsigned long long)st.items, (unsigned long long)st.used);
-}
-
-/* ---- the spec ---- */
-
-/* %XX must be two hex digits: strtol() also takes a sign or a space
- * ("%-1" is 0xFF, "% 1" is 0x01), which should be a bad spec. */
-static void test_bad_percent_escapes_in_credentials_are_espec(void **state) {
-  (void)state;
-  kvt_ctx *ctx = ctx_new();
-  static const char *const bad[] = {":%-1", ":% 1", ":%+1", ":a%-F", "%-1:pw"};
-  char why[1024] = "";
-  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-    const int rc =
-        open_rc(ctx, "redis://%s@127.0.0.1:%d?ns=rv-esc", bad[i], srv.port);
-    if (rc != KVT_ESPEC)
-      snprintf(why + strlen(why), sizeof(why) - strlen(why), " '%s@': %s;",
-               bad[i], kvt_err_name(rc));
-  }
-  kvt_ctx_destroy(ctx);
-  if (why[0])
-    fail_msg("accepted as escapes:%s", why);
-}
-
-/* "%00" decodes into a NUL that ends the C string: ":ab%00zz@" sends
- * AUTH ab and opens with a password other than the one given. */
-static void test_nul_escape_in_password_is_refused(void **state) {
-  (void)state;
-  rfx_server *s = &aux;
-  static const char *const args[] = {"--requirepass", "ab"};
-  memset(s, 0, sizeof(*s));
-  s->pass = "ab"; /* rfx_start PINGs with it */
-  s->args[s->nargs++] = args[0];
-  s->args[s->nargs++] = args[1];
-  assert_int_equal(rfx_start(s), 0);
-  kvt_ctx *ctx = ctx_new();
-  const int rc =
-      open_rc(ctx, "redis://:ab%%00zz@127.0.0.1:%d?ns=rv-nul", s->port);
-  const int rc_user =
-      open_rc(ctx, "redis://default:ab%%00zz@127.0.0.1:%d?ns=rv-nul", s->port);
-  kvt_ctx_destroy(ctx);
-  rfx_stop(s);
-  if (rc == 0 || rc_user == 0)
-    fail_msg("password \"ab\\0zz\" opened a server whose password is \"ab\" "
-             "(%s, %s)",
-             kvt_err_name(rc), kvt_err_name(rc_user));
-}
-
-/* ---- cluster ---- */
-
-/* With cluster-preferred-endpoint-type unknown-endpoint (nodes behind
- * addresses they do not know), MOVED says ":PORT": the host is the one that
- * replied. apply_slots() takes the seed's host for CLUSTER SLOTS' NULL host,
- * but job_error() makes a node named "" of it, and the redirected operation
- * fails. */
-static void
-test_moved_to_an_unknown_endpoint_goes_to_the_replying_host(void **state) {
-  (void)state;
-  assert_int_equal(rfx_cluster_start(cl), 0);
-  for (int i = 0; i < RFX_CLUSTER_N; i++)
-    assert_true(rfx_cmd_ok(
-        cl[i].port,
-        "CONFIG SET cluster-preferred-endpoint-type unknown-endpoint"));
-  kvt_ctx *ctx = ctx_new();
-  kvt_tier *t = tier_open(
-      ctx, "redis+cluster://127.0.0.1:%d?ns=rv-moved&conns=1", cl[0].port);
-  const kvt_key k = key_of(10, 1);
-  char hex[33];
-  for (int i = 0; i < 16; i++)
-    snprintf(hex + 2 * i, 3, "%02x", k.bytes[i]);
-  const unsigned slot = rd_crc16(hex, 32) & 16383u;
-  const int src = rfx_slot_owner(cl, RFX_CLUSTER_N, slot),
-            dst = (src + 1) % RFX_CLUSTER_N;
-  assert_true(src >= 0);
-  redisReply *r = rfx_cmd(cl[dst].port, "CLUSTER MYID");
-  assert_true(r && r->type == REDIS_REPLY_STRING);
-  char dst_id[64];
-  snprintf(dst_id, sizeof(dst_id), "%s", r->str);
-  freeReplyObject(r);
-  for (int i = 0; i < RFX_CLUSTER_N;
-       i++) /* the (empty) slot moves; the tier's map is stale */
-    assert_true(rfx_cmd_ok(cl[(dst + i) % RFX_CLUSTER_N].port,
-                           "CLUSTER SETSLOT %u NODE %s", slot, dst_id));
-  r = rfx_cmd(cl[src].port, "SET kvt:rv-moved:{%s} x", hex);
-  const int moved =
-      r && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "MOVED ", 6) == 0;
-  char reply[128] = "";
-  if (r)
-    snprintf(reply, sizeof(reply), "%s", r->str ? r->str : "");
-  if (r)
-    freeReplyObject(r);
-  const int rc = kvt_tier_put(t, &k, "moved", 5);
-  kvt_tier_close(t);
-  kvt_ctx_destroy(ctx);
-  for (int i = 0; i < RFX_CLUSTER_N; i++)
-    rfx_stop(&cl[i]);
-  assert_true(moved); /* the source redirects: reply */
-  if (rc != 0)
-    fail_msg("PUT redirected by '%s': %s", reply, kvt_err_name(rc));
-}
-
-/* ---- the fixture ---- */
-
-/* rfx_stop() leaves the server in rfx_all, and rfx_kill_all() reads every
- * entry at exit: test_tier_redis.c's servers live on the stack, so at exit
- * it reads dead frames and kill()s whatever positive pid they hold. */
-static void test_fixture_forgets_servers_it_stopped(void **state) {
-  (void)state;
-  start_server(&aux, NULL, 0);
-  rfx_stop(&aux);
-  for (int i = 0; i < RFX_MAX_SERVERS; i++)
-    if (rfx_all[i] == &aux)
-      fail_msg("a stopped server stays registered (rfx_all[%d])", i);
-}
-
-/* ---- guards (pass) ---- */
-
-/* CRC16/XMODEM check value, and the cluster spec's hash-tag example slot. */
-static void test_crc16_matches_the_cluster_spec(void **state) {
-  (void)state;
-  assert_int_equal(rd_crc16("123456789", 9), 0x31C3);
-  assert_int_equal(rd_crc16("user1000", 8) & 16383, 3443);
-}
+/* ---- a server that dies ---- */
 
 /* Every accepted operation completes exactly once, also when the server dies
  * under them. */
@@ -725,25 +468,12 @@ int main(void) {
     return 77;
   }
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(
-          test_multipart_get_fails_when_connection_drops_before_its_parts),
+      cmocka_unit_test(test_multipart_get_fails_when_connection_drops_before_its_parts),
       cmocka_unit_test(test_slow_drip_server_still_times_out_the_operation),
-      cmocka_unit_test(
-          test_idle_connection_closed_by_server_does_not_fail_next_op),
+      cmocka_unit_test(test_idle_connection_closed_by_server_does_not_fail_next_op),
       cmocka_unit_test(test_failed_multipart_put_leaves_old_value_in_place),
       cmocka_unit_test(test_failed_multipart_put_keeps_items_and_used_true),
-      cmocka_unit_test(test_used_matches_item_overhead_for_split_values),
-      cmocka_unit_test(test_expired_ttl_values_do_not_hold_capacity_forever),
-      cmocka_unit_test(test_server_full_only_when_used_says_so),
-      cmocka_unit_test(test_concurrent_replace_of_one_key_keeps_items_exact),
-      cmocka_unit_test(test_bad_percent_escapes_in_credentials_are_espec),
-      cmocka_unit_test(test_nul_escape_in_password_is_refused),
-      cmocka_unit_test(
-          test_moved_to_an_unknown_endpoint_goes_to_the_replying_host),
-      cmocka_unit_test(test_fixture_forgets_servers_it_stopped),
-      cmocka_unit_test(test_crc16_matches_the_cluster_spec),
-      cmocka_unit_test(
-          test_ops_in_flight_when_server_dies_complete_exactly_once),
+      cmocka_unit_test(test_ops_in_flight_when_server_dies_complete_exactly_once),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -11,6 +11,7 @@
 #define IDX_MIN 192u /* entries the index holds before it first grows (256 slots) */
 #define GET_TRIES 4   /* a get that raced a move looks again */
 #define LOOKUP_BATCH 64
+#define WALK_AHEAD 4 /* index slots prefetched ahead of a walk down a chain */
 
 /* ---- open and close ------------------------------------------------------- */
 
@@ -488,7 +489,11 @@ int kvt_cache_get(kvt_cache *c, const kvt_key *key, void *buf, uint64_t cap, uin
  * keys[0] (NULL at the start). Returns the hits; *last is the last entry hit. */
 static size_t walk(kvt_cache *c, const kvt_key *keys, size_t n, centry *prev, centry **last) {
   size_t i = 0;
+  for (size_t k = 0; k < WALK_AHEAD && k < n; k++)
+    kvt_index_prefetch(&c->index, &keys[k]);
   for (; i < n; i++) {
+    if (i + WALK_AHEAD < n)
+      kvt_index_prefetch(&c->index, &keys[i + WALK_AHEAD]);
     centry *e = cache_find(c, &keys[i]);
     if (!e || e->state != E_LIVE || !e->mask)
       break;

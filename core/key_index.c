@@ -5,15 +5,6 @@
 
 #define INDEX_MIN 256u
 
-/* Keys are XXH3 output in production, but tests and callers may use
- * structured keys, so both halves are mixed. */
-static uint64_t key_hash(const kvt_key *k) {
-  uint64_t h = kvt_ld64(k->bytes) ^ (kvt_ld64(k->bytes + 8) * 0x9E3779B97F4A7C15ull);
-  h ^= h >> 31;
-  h *= 0xD6E8FEB86659FD93ull;
-  return h ^ (h >> 32);
-}
-
 void kvt_index_init(kvt_index *ix, kvt_ctx *ctx) {
   memset(ix, 0, sizeof(*ix));
   ix->ctx = ctx;
@@ -25,23 +16,10 @@ void kvt_index_free(kvt_index *ix) {
   ix->cap = ix->items = 0;
 }
 
-kvt_index_entry *kvt_index_find(const kvt_index *ix, const kvt_key *k) {
-  if (!ix->cap)
-    return NULL;
-  const uint64_t mask = ix->cap - 1;
-  for (uint64_t i = key_hash(k) & mask;; i = (i + 1) & mask) {
-    kvt_index_entry *e = &ix->slots[i];
-    if (!e->live)
-      return NULL;
-    if (memcmp(e->key.bytes, k->bytes, sizeof(k->bytes)) == 0)
-      return e;
-  }
-}
-
 /* An empty slot for a key known to be absent; room was reserved. */
 static kvt_index_entry *empty_slot(const kvt_index *ix, const kvt_key *k) {
   const uint64_t mask = ix->cap - 1;
-  uint64_t i = key_hash(k) & mask;
+  uint64_t i = kvt_index_hash(k) & mask;
   while (ix->slots[i].live)
     i = (i + 1) & mask;
   return &ix->slots[i];
@@ -87,7 +65,7 @@ void kvt_index_remove(kvt_index *ix, kvt_index_entry *e) {
   const uint64_t mask = ix->cap - 1;
   uint64_t hole = (uint64_t)(e - ix->slots);
   for (uint64_t j = (hole + 1) & mask; ix->slots[j].live; j = (j + 1) & mask) {
-    const uint64_t home = key_hash(&ix->slots[j].key) & mask;
+    const uint64_t home = kvt_index_hash(&ix->slots[j].key) & mask;
     if (((j - home) & mask) >= ((j - hole) & mask)) {
       ix->slots[hole] = ix->slots[j];
       hole = j;

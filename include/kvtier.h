@@ -10,6 +10,7 @@
  *   kvtier/gpu.h      fused GPU store/load between engine paged caches and payloads
  *                     (experimental: docs/API.md)
  *   kvtier/attn.h     decode attention over compressed paged caches (experimental)
+ *   kvtier/server.h   the cache server's engine and its counters (experimental)
  *
  * Compiles as C (C99 or later) and C++; includes no CUDA header. */
 #ifndef KVTIER_H
@@ -24,5 +25,6 @@
 #include "kvtier/model.h"
 #include "kvtier/gpu.h"
 #include "kvtier/attn.h"
+#include "kvtier/server.h"
 
 #endif

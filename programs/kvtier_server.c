@@ -1,19 +1,15 @@
 /* programs/kvtier_server.c - kvtier-server: serves payloads from its own DRAM
  * and NVMe tiers to fabric:// clients over libfabric (see docs/SERVER.md).
- * This file: options, tenants, signals, and `--stats ADDRESS`, a client that
- * prints a running server's counters in Prometheus text format. */
+ * Only the main: options, tenants, signals, the ready line, and `--stats
+ * ADDRESS` printing a running server's counters in Prometheus text format.
+ * The engine is libkvtier's (kvtier/server.h). */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "kvt_internal.h"
-#include "kvt_transport.h"
-#include "server_internal.h"
+#include "kvtier.h"
 
 static const char usage[] =
     "usage: kvtier-server [options]\n"
@@ -48,41 +44,48 @@ static const char usage[] =
     "SIGTERM or SIGINT: finish requests in progress (up to 10 s), close the tiers,\n"
     "exit 0. Prints \"kvtier-server: ready on HOST:PORT ...\" once serving.\n";
 
+/* A signal before the server exists is remembered and passed on once it does. */
 static volatile sig_atomic_t stop_flag;
-static int wake_fd = -1;
+static kvt_server *volatile the_server;
 
 static void on_signal(int sig) {
   (void)sig;
   stop_flag = 1;
-  const uint64_t one = 1;
-  ssize_t w = write(wake_fd, &one, sizeof(one)); /* async-signal-safe */
-  (void)w;
+  kvt_server *srv = the_server;
+  if (srv)
+    kvt_server_stop(srv); /* async-signal-safe */
 }
+
+typedef struct tenant_opt {
+  char name[KVT_SERVER_TENANT_MAX + 1];
+  char token[KVT_SERVER_TOKEN_MAX + 1];
+  char spec[KVT_SERVER_TENANT_MAX + KVT_SERVER_TOKEN_MAX + 2]; /* NAME:TOKEN */
+} tenant_opt;
 
 typedef struct opts {
   const char *listen, *tiers, *provider, *stats_addr;
   uint64_t max_request, max_inflight;
   int workers, evict, quiet;
-  srv_tenant tenants[SRV_MAX_TENANTS];
+  tenant_opt tenants[KVT_SERVER_MAX_TENANTS];
   int n_tenants;
 } opts;
 
 static int add_tenant(opts *o, const char *spec, const char *where) {
   const char *colon = strchr(spec, ':');
   const size_t nl = colon ? (size_t)(colon - spec) : 0;
-  if (!colon || nl == 0 || nl > KVT_PROTO_TENANT_MAX || strlen(colon + 1) > KVT_PROTO_TOKEN_MAX) {
+  if (!colon || nl == 0 || nl > KVT_SERVER_TENANT_MAX || strlen(colon + 1) > KVT_SERVER_TOKEN_MAX) {
     fprintf(stderr, "kvtier-server: %s: '%s': expected NAME:TOKEN\n", where, spec);
     return -1;
   }
-  if (o->n_tenants == SRV_MAX_TENANTS) {
-    fprintf(stderr, "kvtier-server: more than %d tenants\n", SRV_MAX_TENANTS);
+  if (o->n_tenants == KVT_SERVER_MAX_TENANTS) {
+    fprintf(stderr, "kvtier-server: more than %d tenants\n", KVT_SERVER_MAX_TENANTS);
     return -1;
   }
-  srv_tenant *t = &o->tenants[o->n_tenants];
+  tenant_opt *t = &o->tenants[o->n_tenants];
   memcpy(t->name, spec, nl);
   t->name[nl] = 0;
   snprintf(t->token, sizeof(t->token), "%s", colon + 1);
-  if (!kvt_proto_tenant_valid(t->name)) {
+  if (!kvt_server_tenant_valid(t->name)) {
     fprintf(stderr, "kvtier-server: %s: tenant '%s': 1-64 of [A-Za-z0-9._-]\n", where, t->name);
     return -1;
   }
@@ -91,7 +94,7 @@ static int add_tenant(opts *o, const char *spec, const char *where) {
       fprintf(stderr, "kvtier-server: %s: tenant '%s' given twice\n", where, t->name);
       return -1;
     }
-  t->tag = kvt_hash64(t->name, strlen(t->name));
+  snprintf(t->spec, sizeof(t->spec), "%s", spec);
   o->n_tenants++;
   return 0;
 }
@@ -141,8 +144,7 @@ static int split_addr(const char *a, char *host, size_t hcap, char *port, size_t
 
 static int parse_size_opt(const char *name, const char *v, uint64_t *out) {
   if (!v || kvt_parse_size(v, out) != 0 || *out == 0) {
-    fprintf(stderr, "kvtier-server: %s '%s': expected a size, e.g. 64MiB\n", name,
-            v ? v : "");
+    fprintf(stderr, "kvtier-server: %s '%s': expected a size, e.g. 64MiB\n", name, v ? v : "");
     return -1;
   }
   return 0;
@@ -201,99 +203,7 @@ static int parse_args(int argc, char **argv, opts *o) {
   return 0;
 }
 
-/* ---- --stats: a one-shot client ---- */
-
-/* Sends m and waits for its reply into *r (raw bytes in rbuf). */
-static int rpc(kvt_fab *f, uint64_t to, uint8_t *sbuf, uint8_t *rbuf, void *desc,
-               const kvt_proto_msg *m, kvt_proto_msg *r) {
-  kvt_fab_ctx rctx = {0}, sctx = {0};
-  size_t len = 0;
-  int rc = kvt_proto_encode(m, sbuf, KVT_PROTO_MSG_MAX, &len);
-  if (rc == 0)
-    rc = kvt_fab_recv(f, rbuf, KVT_PROTO_MSG_MAX, desc, &rctx);
-  if (rc == 0)
-    rc = kvt_fab_send(f, to, sbuf, len, desc, &sctx);
-  if (rc)
-    return rc;
-  int got = 0, sent = 0;
-  const time_t deadline = time(NULL) + 5;
-  while ((!got || !sent) && time(NULL) <= deadline) {
-    kvt_fab_comp c[4];
-    const int n = kvt_fab_poll(f, c, 4);
-    if (n < 0)
-      return n;
-    for (int i = 0; i < n; i++) {
-      if (c[i].err)
-        return c[i].err;
-      if (c[i].ctx == &sctx)
-        sent = 1;
-      if (c[i].ctx == &rctx) {
-        got = 1;
-        if ((rc = kvt_proto_decode(rbuf, c[i].len, r)) != 0)
-          return rc;
-      }
-    }
-    if (n == 0)
-      kvt_fab_wait(f, -1, 10);
-  }
-  return got && sent ? r->h.status : -ETIMEDOUT;
-}
-
-static int stats_fetch(const opts *o, const char *host, const char *port, uint64_t *v) {
-  char err[512];
-  kvt_fab *f = NULL;
-  kvt_fab_config fc = {.provider = o->provider, .peer_node = host, .peer_service = port};
-  int rc = kvt_fab_open(&fc, &f, err, sizeof(err));
-  if (rc) {
-    fprintf(stderr, "kvtier-server --stats: %s\n", err);
-    return rc;
-  }
-  static uint8_t buf[2 * KVT_PROTO_MSG_MAX];
-  kvt_fab_mr mr;
-  uint64_t to = 0;
-  uint8_t addr[KVT_PROTO_ADDR_MAX];
-  size_t alen = sizeof(addr);
-  rc = kvt_fab_mr_reg(f, buf, sizeof(buf), KVT_FAB_LOCAL, &mr);
-  if (rc == 0)
-    rc = kvt_fab_av_insert_host(f, host, port, &to);
-  if (rc == 0)
-    rc = kvt_fab_getname(f, addr, &alen);
-  kvt_proto_msg m, r;
-  if (rc == 0) {
-    kvt_proto_init(&m, KVT_PROTO_HELLO, 1, 0);
-    m.u.hello.addr = addr;
-    m.u.hello.addr_len = (uint16_t)alen;
-    if (o->n_tenants) { /* tenant counters too */
-      strcpy(m.u.hello.tenant, o->tenants[0].name);
-      strcpy(m.u.hello.token, o->tenants[0].token);
-    }
-    rc = rpc(f, to, buf, buf + KVT_PROTO_MSG_MAX, mr.desc, &m, &r);
-  }
-  if (rc == 0) {
-    kvt_proto_init(&m, KVT_PROTO_STATS, 2, r.h.session);
-    rc = rpc(f, to, buf, buf + KVT_PROTO_MSG_MAX, mr.desc, &m, &r);
-  }
-  if (rc == 0)
-    memcpy(v, r.u.stats.v, sizeof(r.u.stats.v));
-  else
-    fprintf(stderr, "kvtier-server --stats %s:%s: %s\n", host, port, kvt_strerror(rc));
-  if (rc == 0) {
-    kvt_proto_init(&m, KVT_PROTO_BYE, 3, r.h.session);
-    size_t len = 0;
-    kvt_fab_ctx ctx = {0};
-    if (kvt_proto_encode(&m, buf, KVT_PROTO_MSG_MAX, &len) == 0 &&
-        kvt_fab_send(f, to, buf, len, mr.desc, &ctx) == 0)
-      for (int i = 0; i < 100; i++) { /* let it leave before the endpoint closes */
-        kvt_fab_comp c[2];
-        if (kvt_fab_poll(f, c, 2) > 0)
-          break;
-        kvt_fab_wait(f, -1, 2);
-      }
-  }
-  kvt_fab_mr_dereg(&mr);
-  kvt_fab_close(f);
-  return rc;
-}
+/* ---- --stats ---- */
 
 static int print_stats(const opts *o) {
   char host[256], port[16];
@@ -301,13 +211,33 @@ static int print_stats(const opts *o) {
     fprintf(stderr, "kvtier-server: --stats '%s': expected HOST:PORT\n", o->stats_addr);
     return 2;
   }
-  uint64_t v[KVT_STAT_COUNT] = {0};
-  if (stats_fetch(o, host, port, v))
+  kvt_ctx_config cc = KVT_CTX_CONFIG_INIT;
+  kvt_ctx *ctx = NULL;
+  if (kvt_ctx_create(&cc, &ctx) != 0)
     return 1;
-  for (int i = 0; i < KVT_STAT_COUNT; i++) {
-    const char *name = kvt_proto_stat_name(i);
-    const size_t n = strlen(name);
-    const int counter = n > 6 && strcmp(name + n - 6, "_total") == 0;
+  uint64_t v[64] = {0};
+  size_t n = 0;
+  const tenant_opt *t = o->n_tenants ? &o->tenants[0] : NULL; /* tenant counters too */
+  const int rc = kvt_server_stats_fetch(ctx, host, port, o->provider, t ? t->name : NULL,
+                                        t ? t->token : NULL, v, 64, &n);
+  if (rc) {
+    /* The detail names the server when a request failed, not when no
+     * endpoint opened. */
+    char where[300];
+    snprintf(where, sizeof(where), "%s:%s: ", host, port);
+    const char *err = kvt_ctx_last_error(ctx);
+    if (strncmp(err, where, strlen(where)) == 0)
+      fprintf(stderr, "kvtier-server --stats %s\n", err);
+    else
+      fprintf(stderr, "kvtier-server --stats: %s\n", err);
+    kvt_ctx_destroy(ctx);
+    return 1;
+  }
+  kvt_ctx_destroy(ctx);
+  for (size_t i = 0; i < n; i++) {
+    const char *name = kvt_server_stat_name(i);
+    const size_t len = strlen(name);
+    const int counter = len > 6 && strcmp(name + len - 6, "_total") == 0;
     printf("# TYPE kvtier_server_%s %s\nkvtier_server_%s %llu\n", name,
            counter ? "counter" : "gauge", name, (unsigned long long)v[i]);
   }
@@ -321,36 +251,62 @@ static void log_to_stderr(void *opaque, int level, const char *msg) {
   fprintf(stderr, "kvtier-server: %s%s\n", level == KVT_LOG_ERROR ? "error: " : "", msg);
 }
 
+/* The server's own lines (kvt_server_config.log). */
+static void server_log(void *opaque, int level, const char *msg) {
+  (void)opaque, (void)level;
+  fprintf(stderr, "kvtier-server: %s\n", msg);
+}
+
 static int serve(opts *o) {
   char host[256], port[16];
   if (split_addr(o->listen, host, sizeof(host), port, sizeof(port))) {
     fprintf(stderr, "kvtier-server: --listen '%s': expected HOST:PORT\n", o->listen);
     return 2;
   }
-  if (o->n_tenants == 0) {
-    add_tenant(o, "default:", "default");
-    if (!o->quiet)
-      fprintf(stderr, "kvtier-server: no --tenant given: one tenant, \"default\", empty token\n");
-  }
+  if (o->n_tenants == 0 && !o->quiet)
+    fprintf(stderr, "kvtier-server: no --tenant given: one tenant, \"default\", empty token\n");
   kvt_ctx_config cc = KVT_CTX_CONFIG_INIT;
   cc.log = log_to_stderr;
   cc.log_level = o->quiet ? KVT_LOG_ERROR : KVT_LOG_WARN;
   kvt_ctx *ctx = NULL;
   if (kvt_ctx_create(&cc, &ctx) != 0)
     return 1;
-  srv_store *st = NULL;
-  char err[1024] = "";
-  int rc = srv_store_open(ctx, o->tiers, o->evict, o->tenants, o->n_tenants, &st, err,
-                          sizeof(err));
+  const char *specs[KVT_SERVER_MAX_TENANTS];
+  for (int i = 0; i < o->n_tenants; i++)
+    specs[i] = o->tenants[i].spec;
+  kvt_server_config sc = KVT_SERVER_CONFIG_INIT;
+  sc.listen_host = host;
+  sc.listen_port = port;
+  sc.tiers = o->tiers;
+  sc.tenants = specs;
+  sc.n_tenants = (size_t)o->n_tenants;
+  sc.max_request = o->max_request;
+  sc.max_inflight = o->max_inflight;
+  sc.evict = o->evict ? KVT_SERVER_EVICT_LRU : KVT_SERVER_EVICT_NONE;
+  sc.provider = o->provider;
+  sc.workers = o->workers;
+  sc.log = server_log;
+  sc.log_level = o->quiet ? KVT_LOG_ERROR : KVT_LOG_WARN;
+  kvt_server *srv = NULL;
+  int rc = kvt_server_create(ctx, &sc, &srv);
   if (rc) {
-    fprintf(stderr, "kvtier-server: %s\n", err);
+    fprintf(stderr, "kvtier-server: %s\n", kvt_ctx_last_error(ctx));
     kvt_ctx_destroy(ctx);
     return 1;
   }
-  srv_config sc = {host, port, o->provider, o->max_request, o->max_inflight, o->workers,
-                   o->tenants, o->n_tenants, o->quiet};
-  rc = srv_net_run(&sc, st, &stop_flag, wake_fd);
-  srv_store_close(st); /* every acknowledged PUT is already durable in an nvme tier */
+  the_server = srv;
+  if (stop_flag) /* a signal came while it was being created */
+    kvt_server_stop(srv);
+  char bound[64] = "?";
+  uint16_t bound_port = 0;
+  if (kvt_server_address(srv, bound, sizeof(bound), &bound_port) != 0)
+    snprintf(bound, sizeof(bound), "?");
+  printf("kvtier-server: ready on %s:%u (provider %s, %d tenants)\n", bound, (unsigned)bound_port,
+         kvt_server_provider(srv), o->n_tenants ? o->n_tenants : 1);
+  fflush(stdout);
+  rc = kvt_server_run(srv);
+  the_server = NULL;
+  kvt_server_destroy(srv);
   kvt_ctx_destroy(ctx);
   if (rc == 0 && !o->quiet)
     fprintf(stderr, "kvtier-server: stopped\n");
@@ -361,7 +317,7 @@ int main(int argc, char **argv) {
   static opts o;
   o.listen = "127.0.0.1:7474";
   o.tiers = "dram:4GiB";
-  o.provider = KVT_FAB_DEFAULT_PROVIDER;
+  o.provider = NULL; /* the library's default, tcp;ofi_rxm */
   o.max_request = 256ull << 20;
   o.max_inflight = 1ull << 30;
   o.workers = 4;
@@ -370,11 +326,6 @@ int main(int argc, char **argv) {
     return 2;
   if (o.stats_addr)
     return print_stats(&o);
-  wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd < 0) {
-    perror("kvtier-server: eventfd");
-    return 1;
-  }
   struct sigaction sa;
   memset(&sa, 0, sizeof(sa));
   sa.sa_handler = on_signal;
@@ -382,7 +333,5 @@ int main(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
-  const int rc = serve(&o);
-  close(wake_fd);
-  return rc;
+  return serve(&o);
 }

@@ -9,7 +9,7 @@
  * network thread does every libfabric call but some registrations (the
  * domain is thread-safe; workers register the buffers they fill or lend):
  *   PUT   check size -> a block reserved for the record in the DRAM tier
- *         (srv_store_put_reserve) and registered -> fi_read from the
+ *         (kvt_srv_store_put_reserve) and registered -> fi_read from the
  *         client's buffer straight into it -> commit -> reply. The commit
  *         runs here when it cannot block (one DRAM tier, the key not being
  *         read or written: a lock and an index update), else in a worker
@@ -19,7 +19,7 @@
  *         block back and the old value stays.
  *         Without a DRAM tier, or no room for the reservation (reservations
  *         hold at most half of it), the bytes go through a staging buffer
- *         instead, which a worker then stores (srv_store_put: a copy).
+ *         instead, which a worker then stores (kvt_srv_store_put: a copy).
  *   GET   worker lends the record from the DRAM tier (registered in place)
  *         or reads it into a staging buffer -> fi_write into the client's
  *         buffer -> reply (only after the write completed)
@@ -71,7 +71,7 @@
 #define DRAIN_S 10
 #define BUF_CACHE_MAX (512ull << 20)
 
-int64_t srv_now_s(void) {
+int64_t kvt_srv_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec;
@@ -89,7 +89,7 @@ static int buf_class(size_t n) {
 /* A registered buffer of at least n bytes: a cached one of n's power-of-two
  * class that is large enough, else a new one of n rounded up to 64 KiB (not
  * to the class's top: a 4 MiB payload would otherwise take 8 MiB). */
-sbuf *srv_buf_get(server *sv, size_t n) {
+sbuf *kvt_srv_buf_get(kvt_server *sv, size_t n) {
   const int c = buf_class(n);
   if (c >= BUF_CLASSES)
     return NULL;
@@ -105,30 +105,31 @@ sbuf *srv_buf_get(server *sv, size_t n) {
   pthread_mutex_unlock(&sv->buf_mu);
   if (b)
     return b;
-  b = calloc(1, sizeof(*b));
+  b = kvt_alloc(sv->ctx, sizeof(*b), _Alignof(sbuf));
   if (!b)
     return NULL;
+  memset(b, 0, sizeof(*b));
   b->cls = c;
   b->cap = (n + 65535) & ~(size_t)65535;
-  if (posix_memalign((void **)&b->p, 4096, b->cap) != 0) {
-    free(b);
+  if (!(b->p = kvt_alloc(sv->ctx, b->cap, 4096))) {
+    kvt_dealloc(sv->ctx, b);
     return NULL;
   }
   if (kvt_fab_mr_reg(sv->fab, b->p, b->cap, KVT_FAB_LOCAL, &b->mr) != 0) {
-    free(b->p);
-    free(b);
+    kvt_dealloc(sv->ctx, b->p);
+    kvt_dealloc(sv->ctx, b);
     return NULL;
   }
   return b;
 }
 
-static void buf_free(sbuf *b) {
+static void buf_free(kvt_server *sv, sbuf *b) {
   kvt_fab_mr_dereg(&b->mr);
-  free(b->p);
-  free(b);
+  kvt_dealloc(sv->ctx, b->p);
+  kvt_dealloc(sv->ctx, b);
 }
 
-static void buf_put(server *sv, sbuf *b) {
+static void buf_put(kvt_server *sv, sbuf *b) {
   if (!b)
     return;
   pthread_mutex_lock(&sv->buf_mu);
@@ -140,17 +141,17 @@ static void buf_put(server *sv, sbuf *b) {
   }
   pthread_mutex_unlock(&sv->buf_mu);
   if (b)
-    buf_free(b);
+    buf_free(sv, b);
 }
 
 /* ---- sessions ---- */
 
-static sess *sess_find(server *sv, uint64_t id) {
+static sess *sess_find(kvt_server *sv, uint64_t id) {
   sess *s = &sv->sess[id & (MAX_SESS - 1)];
   return s->used && s->id == id && !s->dead ? s : NULL;
 }
 
-static void sess_free(server *sv, sess *s) {
+static void sess_free(kvt_server *sv, sess *s) {
   kvt_fab_av_remove(sv->fab, s->addr);
   sv->tenant_sess[s->tenant + 1]--;
   s->used = 0;
@@ -159,7 +160,7 @@ static void sess_free(server *sv, sess *s) {
 }
 
 /* Sessions a class (tenant + 1; 0: stats-only) may hold. */
-static uint32_t sess_cap(const server *sv, int tenant) {
+static uint32_t sess_cap(const kvt_server *sv, int tenant) {
   if (tenant < 0)
     return STATS_SESS_MAX;
   return sv->cfg->n_tenants > 1 ? (MAX_SESS - STATS_SESS_MAX) / 2 : MAX_SESS - STATS_SESS_MAX;
@@ -168,8 +169,8 @@ static uint32_t sess_cap(const server *sv, int tenant) {
 /* The least recently active session with nothing in progress that may be
  * replaced: of class `tenant` only (own >= 0), or of any class; stats-only
  * ones at once, others once idle for SESS_IDLE_S. */
-static sess *sess_victim(server *sv, int tenant, int own) {
-  const int64_t idle_before = srv_now_s() - SESS_IDLE_S;
+static sess *sess_victim(kvt_server *sv, int tenant, int own) {
+  const int64_t idle_before = kvt_srv_now_s() - SESS_IDLE_S;
   sess *best = NULL;
   for (int i = 0; i < MAX_SESS; i++) {
     sess *s = &sv->sess[i];
@@ -185,7 +186,7 @@ static sess *sess_victim(server *sv, int tenant, int own) {
 }
 
 /* A slot for a new session of tenant (-1: stats-only), or NULL (-EBUSY). */
-static sess *sess_new(server *sv, int tenant) {
+static sess *sess_new(kvt_server *sv, int tenant) {
   sess *s = NULL;
   if (sv->tenant_sess[tenant + 1] >= sess_cap(sv, tenant)) {
     s = sess_victim(sv, tenant, 1);
@@ -202,17 +203,16 @@ static sess *sess_new(server *sv, int tenant) {
 }
 
 /* Counts a request of s in progress; 0 when it is over its fair share. */
-static int sess_hold(server *sv, sess *s) {
+static int sess_hold(kvt_server *sv, sess *s) {
   uint32_t *t = &sv->tenant_reqs[s->tenant + 1];
   s->outstanding++;
   (*t)++;
   if (s->tenant < 0)
     return *t <= STATS_REQ_MAX;
-  return s->outstanding <= SESS_REQ_MAX &&
-         (sv->cfg->n_tenants <= 1 || *t <= TENANT_REQ_MAX);
+  return s->outstanding <= SESS_REQ_MAX && (sv->cfg->n_tenants <= 1 || *t <= TENANT_REQ_MAX);
 }
 
-static void sess_unhold(server *sv, sess *s) {
+static void sess_unhold(kvt_server *sv, sess *s) {
   s->outstanding--;
   sv->tenant_reqs[s->tenant + 1]--;
 }
@@ -220,9 +220,9 @@ static void sess_unhold(server *sv, sess *s) {
 /* ---- replies and finishing ---- */
 
 /* Queues r's post (kind P_*) to be tried again by retry_posts(). */
-static void defer_post(server *sv, sreq *r, int kind) {
+static void defer_post(kvt_server *sv, sreq *r, int kind) {
   if (r->pending == P_NONE)
-    r->pending_since = srv_now_s();
+    r->pending_since = kvt_srv_now_s();
   r->pending = kind;
   r->pnext = NULL;
   if (sv->retry_tail)
@@ -232,7 +232,7 @@ static void defer_post(server *sv, sreq *r, int kind) {
   sv->retry_tail = r;
 }
 
-static void post_recv(server *sv, sreq *r) {
+static void post_recv(kvt_server *sv, sreq *r) {
   r->pending = P_NONE;
   if (sv->draining) {
     r->state = RS_IDLE;
@@ -244,21 +244,21 @@ static void post_recv(server *sv, sreq *r) {
     defer_post(sv, r, P_RECV);
   } else if (rc != 0) {
     r->state = RS_IDLE; /* this slot is lost; the others keep serving */
-    fprintf(stderr, "kvtier-server: posting a receive: %s\n", kvt_fab_error(sv->fab));
+    kvt_srv_log(sv, KVT_LOG_ERROR, "posting a receive: %s", kvt_fab_error(sv->fab));
   }
 }
 
-static void start(server *sv, sreq *r);
-static void reply(server *sv, sreq *r, int32_t status);
+static void start(kvt_server *sv, sreq *r);
+static void reply(kvt_server *sv, sreq *r, int32_t status);
 
 /* Gives back a reserved PUT's block that was not committed (the PUT failed:
  * the old value stays). Only called with no RMA into it in flight. */
-static void put_drop(server *sv, sreq *r) {
+static void put_drop(kvt_server *sv, sreq *r) {
   kvt_fab_mr_dereg(&r->put_mr);
-  srv_store_put_abort(sv->st, &r->put);
+  kvt_srv_store_put_abort(sv->st, &r->put);
 }
 
-static void finish(server *sv, sreq *r) {
+static void finish(kvt_server *sv, sreq *r) {
   if (r->hello_q) {
     r->hello_q = 0;
     sv->hello_pending--;
@@ -268,8 +268,8 @@ static void finish(server *sv, sreq *r) {
   r->stage = NULL;
   if (r->lent) {
     kvt_fab_mr_dereg(&r->lend_mr);
-    srv_store_get_unlend(sv->st, &r->g);
-    srv_store_get_end(sv->st, &r->g, r->status == 0);
+    kvt_srv_store_get_unlend(sv->st, &r->g);
+    kvt_srv_store_get_end(sv->st, &r->g, r->status == 0);
     r->lent = 0;
   }
   if (r->temp_addr != KVT_FAB_ADDR_NONE) {
@@ -302,7 +302,7 @@ static void finish(server *sv, sreq *r) {
   post_recv(sv, r);
 }
 
-static int encode_reply(server *sv, sreq *r, size_t *len) {
+static int encode_reply(kvt_server *sv, sreq *r, size_t *len) {
   kvt_proto_msg m;
   kvt_proto_init_reply(&m, &r->req, r->status);
   switch (r->req.h.opcode) {
@@ -339,7 +339,7 @@ static int encode_reply(server *sv, sreq *r, size_t *len) {
 }
 
 /* Sends r's encoded reply, or queues it when the provider has no room. */
-static void send_reply(server *sv, sreq *r) {
+static void send_reply(kvt_server *sv, sreq *r) {
   const uint64_t dest = r->temp_addr != KVT_FAB_ADDR_NONE ? r->temp_addr : r->s ? r->s->addr : 0;
   int rc = (r->s && r->s->dead)
                ? -ECONNRESET
@@ -364,7 +364,7 @@ static void send_reply(server *sv, sreq *r) {
   }
 }
 
-static void reply(server *sv, sreq *r, int32_t status) {
+static void reply(kvt_server *sv, sreq *r, int32_t status) {
   put_drop(sv, r); /* at once: a reply waiting for room holds no DRAM */
   r->status = status;
   r->state = RS_REPLY;
@@ -381,7 +381,7 @@ static void reply(server *sv, sreq *r, int32_t status) {
 
 /* ---- data movement ---- */
 
-static void post_rma(server *sv, sreq *r) {
+static void post_rma(kvt_server *sv, sreq *r) {
   const uint64_t chunk = r->rma_len - r->rma_off < kvt_fab_max_rma(sv->fab)
                              ? r->rma_len - r->rma_off
                              : kvt_fab_max_rma(sv->fab);
@@ -403,9 +403,8 @@ static void post_rma(server *sv, sreq *r) {
     rc = kvt_fab_write(sv->fab, r->s->addr, r->src + r->rma_off, (size_t)chunk, r->lend_mr.desc,
                        raddr, r->req.u.data.rma_key, &r->actx);
   else
-    rc = kvt_fab_write(sv->fab, r->s->addr, r->stage->p + SRV_REC_HDR + r->rma_off,
-                       (size_t)chunk, r->stage->mr.desc, raddr, r->req.u.data.rma_key,
-                       &r->actx);
+    rc = kvt_fab_write(sv->fab, r->s->addr, r->stage->p + SRV_REC_HDR + r->rma_off, (size_t)chunk,
+                       r->stage->mr.desc, raddr, r->req.u.data.rma_key, &r->actx);
   if (rc == -EAGAIN) {
     defer_post(sv, r, P_RMA);
     return;
@@ -419,10 +418,10 @@ static void post_rma(server *sv, sreq *r) {
 
 /* Tries the queued posts again; one that waited POST_STALL_S ends its
  * peer's session (a receive of ours waits as long as it takes). */
-static void retry_posts(server *sv) {
+static void retry_posts(kvt_server *sv) {
   sreq *r = sv->retry_head;
   sv->retry_head = sv->retry_tail = NULL;
-  const int64_t now = srv_now_s();
+  const int64_t now = kvt_srv_now_s();
   while (r) {
     sreq *next = r->pnext;
     const int kind = r->pending;
@@ -445,7 +444,7 @@ static void retry_posts(server *sv) {
   }
 }
 
-static void to_workers(server *sv, sreq *r) {
+static void to_workers(kvt_server *sv, sreq *r) {
   r->state = RS_WORK;
   r->next = NULL;
   pthread_mutex_lock(&sv->mu);
@@ -464,15 +463,15 @@ static void to_workers(server *sv, sreq *r) {
  * registering is a map insert for tcp;ofi_rxm (about 2 us for 4 MiB; a
  * provider that pins pages, verbs, pays more, as the GET path does). Its
  * key is random, as every registration's (kvt_fab_mr_reg). */
-static int put_reserve(server *sv, sreq *r) {
+static int put_reserve(kvt_server *sv, sreq *r) {
   uint8_t *rec = NULL;
   const uint64_t len = r->req.u.data.len;
-  int rc = srv_store_put_reserve(sv->st, r->s->tenant, &r->req.u.data.key, len, &r->put, &rec);
+  int rc = kvt_srv_store_put_reserve(sv->st, r->s->tenant, &r->req.u.data.key, len, &r->put, &rec);
   if (rc)
     return rc;
   rc = kvt_fab_mr_reg(sv->fab, rec, (size_t)(SRV_REC_HDR + len), KVT_FAB_LOCAL, &r->put_mr);
   if (rc) {
-    srv_store_put_abort(sv->st, &r->put);
+    kvt_srv_store_put_abort(sv->st, &r->put);
     return rc;
   }
   r->put_rec = rec;
@@ -483,9 +482,9 @@ static int put_reserve(server *sv, sreq *r) {
  * not block (one DRAM tier, the key not in use: a lock and an index update),
  * else by a worker (a write-through to NVMe, or waiting for the key's
  * readers and writers). */
-static void put_commit(server *sv, sreq *r) {
+static void put_commit(kvt_server *sv, sreq *r) {
   kvt_fab_mr_dereg(&r->put_mr); /* nothing more lands in it */
-  const int rc = srv_store_put_commit(sv->st, &r->put, 0);
+  const int rc = kvt_srv_store_put_commit(sv->st, &r->put, 0);
   if (rc == -EWOULDBLOCK)
     to_workers(sv, r);
   else
@@ -493,7 +492,7 @@ static void put_commit(server *sv, sreq *r) {
 }
 
 /* Starts a request whose in-flight bytes are within the session's bound. */
-static void start(server *sv, sreq *r) {
+static void start(kvt_server *sv, sreq *r) {
   r->s->inflight += r->charge;
   if (r->req.h.opcode != KVT_PROTO_PUT) {
     to_workers(sv, r);
@@ -503,12 +502,12 @@ static void start(server *sv, sreq *r) {
   r->rma_len = r->req.u.data.len;
   /* The bytes land where they will be kept when the store has a DRAM tier
    * with room; else (NVMe only, no room, an empty value) in a staging buffer
-   * that a worker then stores, with srv_store_put's errors. */
+   * that a worker then stores, with kvt_srv_store_put's errors. */
   if (r->rma_len && put_reserve(sv, r) == 0) {
     post_rma(sv, r);
     return;
   }
-  r->stage = srv_buf_get(sv, SRV_REC_HDR + r->req.u.data.len);
+  r->stage = kvt_srv_buf_get(sv, SRV_REC_HDR + r->req.u.data.len);
   if (!r->stage) {
     reply(sv, r, -ENOMEM);
     return;
@@ -530,7 +529,7 @@ static int token_equal(const char *a, const char *b) {
   return d == 0 && la == lb;
 }
 
-static void on_hello(server *sv, sreq *r) {
+static void on_hello(kvt_server *sv, sreq *r) {
   const kvt_proto_msg *m = &r->req;
   uint64_t addr;
   /* The provider reads an address of its own size: a shorter one would be
@@ -553,9 +552,8 @@ static void on_hello(server *sv, sreq *r) {
     r->temp_addr = addr;
     if (tenant == -2) {
       atomic_fetch_add(&sv->auth_refused, 1);
-      if (!sv->cfg->quiet)
-        fprintf(stderr, "kvtier-server: refused tenant '%s': unknown tenant or wrong token\n",
-                m->u.hello.tenant);
+      kvt_srv_log(sv, KVT_LOG_WARN, "refused tenant '%s': unknown tenant or wrong token",
+                  m->u.hello.tenant);
     }
     reply(sv, r, tenant == -2 ? KVT_EAUTH : sv->draining ? -ESHUTDOWN : -EBUSY);
     return;
@@ -575,7 +573,7 @@ static void on_hello(server *sv, sreq *r) {
   s->addr = addr;
   s->tenant = tenant;
   s->used = 1;
-  s->last = srv_now_s();
+  s->last = kvt_srv_now_s();
   sv->tenant_sess[tenant + 1]++;
   atomic_fetch_add(&sv->n_sessions, 1);
   r->new_session = s->id;
@@ -586,7 +584,7 @@ static void on_hello(server *sv, sreq *r) {
 }
 
 /* Admission of a data or query request on a known session. */
-static void admit(server *sv, sreq *r) {
+static void admit(kvt_server *sv, sreq *r) {
   sess *s = r->s;
   const uint16_t op = r->req.h.opcode;
   if (sv->draining) {
@@ -621,14 +619,14 @@ static void admit(server *sv, sreq *r) {
   start(sv, r);
 }
 
-static void on_recv(server *sv, sreq *r, const kvt_fab_comp *c) {
+static void on_recv(kvt_server *sv, sreq *r, const kvt_fab_comp *c) {
   r->state = RS_IDLE;
   r->s = NULL;
   r->temp_addr = KVT_FAB_ADDR_NONE;
   r->charge = 0;
   if (c->err) {
     if (c->err != -ECANCELED)
-      fprintf(stderr, "kvtier-server: receive failed: %s\n", kvt_fab_error(sv->fab));
+      kvt_srv_log(sv, KVT_LOG_ERROR, "receive failed: %s", kvt_fab_error(sv->fab));
     post_recv(sv, r);
     return;
   }
@@ -652,7 +650,7 @@ static void on_recv(server *sv, sreq *r, const kvt_fab_comp *c) {
     post_recv(sv, r);
     return;
   }
-  s->last = srv_now_s();
+  s->last = kvt_srv_now_s();
   r->s = s;
   if (!sess_hold(sv, s)) {
     reply(sv, r, -EBUSY); /* over its fair share of request slots */
@@ -661,7 +659,7 @@ static void on_recv(server *sv, sreq *r, const kvt_fab_comp *c) {
   admit(sv, r);
 }
 
-static void on_rma_done(server *sv, sreq *r, const kvt_fab_comp *c) {
+static void on_rma_done(kvt_server *sv, sreq *r, const kvt_fab_comp *c) {
   if (c->err) {
     reply(sv, r, c->err); /* the client's buffer went away: it gets an error, if it listens */
     return;
@@ -678,7 +676,7 @@ static void on_rma_done(server *sv, sreq *r, const kvt_fab_comp *c) {
     reply(sv, r, 0);
 }
 
-static void on_work_done(server *sv, sreq *r) {
+static void on_work_done(kvt_server *sv, sreq *r) {
   if (r->req.h.opcode == KVT_PROTO_GET && r->status == 0 && r->out_len) {
     r->rma_off = 0;
     r->rma_len = r->out_len;
@@ -688,7 +686,7 @@ static void on_work_done(server *sv, sreq *r) {
   reply(sv, r, r->status);
 }
 
-static void on_completion(server *sv, const kvt_fab_comp *c) {
+static void on_completion(kvt_server *sv, const kvt_fab_comp *c) {
   sreq *r = c->ctx->owner;
   switch (c->ctx->kind) {
   case K_RECV:
@@ -706,44 +704,21 @@ static void on_completion(server *sv, const kvt_fab_comp *c) {
 
 /* ---- setup and the loop ---- */
 
-static void say_ready(server *sv) {
-  uint8_t addr[KVT_PROTO_ADDR_MAX];
-  size_t len = sizeof(addr);
-  char host[INET6_ADDRSTRLEN] = "?";
-  unsigned port = 0;
-  if (kvt_fab_getname(sv->fab, addr, &len) == 0) {
-    const struct sockaddr *sa = (const struct sockaddr *)addr;
-    if (sa->sa_family == AF_INET) {
-      const struct sockaddr_in *in = (const struct sockaddr_in *)addr;
-      inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-      port = ntohs(in->sin_port);
-    } else if (sa->sa_family == AF_INET6) {
-      const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)addr;
-      inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof(host));
-      port = ntohs(in->sin6_port);
-    }
-  }
-  printf("kvtier-server: ready on %s:%u (provider %s, %d tenants)\n", host, port,
-         kvt_fab_provider(sv->fab), sv->cfg->n_tenants);
-  fflush(stdout);
-}
-
-static int setup(server *sv) {
+static int setup(kvt_server *sv) {
   char err[512];
-  kvt_fab_config fc = {.provider = sv->cfg->provider, .node = sv->cfg->host,
-                       .service = sv->cfg->port, .cq_depth = 4 * NREQ, .no_post_wait = 1};
+  kvt_fab_config fc = {.provider = sv->cfg->provider,
+                       .node = sv->cfg->host,
+                       .service = sv->cfg->port,
+                       .cq_depth = 4 * NREQ,
+                       .no_post_wait = 1};
   int rc = kvt_fab_open(&fc, &sv->fab, err, sizeof(err));
-  if (rc) {
-    fprintf(stderr, "kvtier-server: opening the endpoint: %s\n", err);
-    return rc;
-  }
+  if (rc)
+    return kvt_fail(sv->ctx, rc, "opening the endpoint: %s", err);
   const size_t pool = (size_t)NREQ * 2 * KVT_PROTO_MSG_MAX;
-  if (posix_memalign((void **)&sv->pool, 4096, pool) != 0)
-    return -ENOMEM;
-  if ((rc = kvt_fab_mr_reg(sv->fab, sv->pool, pool, KVT_FAB_LOCAL, &sv->pool_mr)) != 0) {
-    fprintf(stderr, "kvtier-server: registering buffers: %s\n", kvt_fab_error(sv->fab));
-    return rc;
-  }
+  if (!(sv->pool = kvt_alloc(sv->ctx, pool, 4096)))
+    return kvt_fail(sv->ctx, -ENOMEM, "out of memory");
+  if ((rc = kvt_fab_mr_reg(sv->fab, sv->pool, pool, KVT_FAB_LOCAL, &sv->pool_mr)) != 0)
+    return kvt_fail(sv->ctx, rc, "registering buffers: %s", kvt_fab_error(sv->fab));
   for (int i = 0; i < NREQ; i++) {
     sreq *r = &sv->req[i];
     r->rbuf = sv->pool + (size_t)i * 2 * KVT_PROTO_MSG_MAX;
@@ -757,7 +732,7 @@ static int setup(server *sv) {
   return 0;
 }
 
-static void take_done(server *sv) {
+static void take_done(kvt_server *sv) {
   pthread_mutex_lock(&sv->mu);
   sreq *r = sv->done_head;
   sv->done_head = sv->done_tail = NULL;
@@ -769,7 +744,7 @@ static void take_done(server *sv) {
   }
 }
 
-static void serve(server *sv, volatile sig_atomic_t *stop) {
+void kvt_srv_net_serve(kvt_server *sv) {
   int64_t drain_deadline = 0;
   for (;;) {
     kvt_fab_comp c[64];
@@ -778,9 +753,9 @@ static void serve(server *sv, volatile sig_atomic_t *stop) {
       on_completion(sv, &c[i]);
     take_done(sv);
     retry_posts(sv);
-    if (*stop && !sv->draining) {
+    if (atomic_load(&sv->stop) && !sv->draining) {
       sv->draining = 1;
-      drain_deadline = srv_now_s() + DRAIN_S;
+      drain_deadline = kvt_srv_now_s() + DRAIN_S;
       for (int i = 0; i < NREQ; i++) /* posted receives stay posted; no new work starts */
         if (sv->req[i].state == RS_POSTED)
           sv->req[i].state = RS_IDLE;
@@ -791,9 +766,9 @@ static void serve(server *sv, volatile sig_atomic_t *stop) {
         busy += sv->req[i].state != RS_IDLE;
       if (!busy)
         break;
-      if (srv_now_s() > drain_deadline) {
-        fprintf(stderr, "kvtier-server: %d requests still in progress after %d s; closing\n",
-                busy, DRAIN_S);
+      if (kvt_srv_now_s() > drain_deadline) {
+        kvt_srv_log(sv, KVT_LOG_ERROR, "%d requests still in progress after %d s; closing", busy,
+                    DRAIN_S);
         break;
       }
     }
@@ -805,7 +780,10 @@ static void serve(server *sv, volatile sig_atomic_t *stop) {
   }
 }
 
-static void teardown(server *sv) {
+void kvt_srv_net_close(kvt_server *sv) {
+  if (!sv->net_open)
+    return;
+  sv->net_open = 0;
   /* GETs the drain gave up on (their clients stopped reading) go back first:
    * a worker may be waiting for them (a commit of the same key), and the
    * workers are joined next. Nothing moves their bytes any more: the network
@@ -814,8 +792,8 @@ static void teardown(server *sv) {
     sreq *r = &sv->req[i];
     if (r->lent) {
       kvt_fab_mr_dereg(&r->lend_mr);
-      srv_store_get_unlend(sv->st, &r->g);
-      srv_store_get_end(sv->st, &r->g, 0);
+      kvt_srv_store_get_unlend(sv->st, &r->g);
+      kvt_srv_store_get_end(sv->st, &r->g, 0);
       r->lent = 0;
     }
   }
@@ -825,7 +803,7 @@ static void teardown(server *sv) {
   pthread_mutex_unlock(&sv->mu);
   for (int i = 0; i < sv->n_threads; i++)
     pthread_join(sv->threads[i], NULL);
-  free(sv->threads);
+  kvt_dealloc(sv->ctx, sv->threads);
   for (int i = 0; i < NREQ; i++) {
     sreq *r = &sv->req[i];
     if (r->stage && r->state == RS_RMA && r->pending == P_NONE)
@@ -833,12 +811,12 @@ static void teardown(server *sv) {
     if (r->stage)
       buf_put(sv, r->stage);
     kvt_fab_mr_dereg(&r->put_mr); /* its reservation is given back below */
-    free(r->list);
+    kvt_dealloc(sv->ctx, r->list);
   }
   for (int c = 0; c < BUF_CLASSES; c++)
     for (sbuf *b = sv->free_bufs[c], *next; b; b = next) {
       next = b->next;
-      buf_free(b);
+      buf_free(sv, b);
     }
   kvt_fab_mr_dereg(&sv->pool_mr);
   kvt_fab_close(sv->fab);
@@ -847,42 +825,33 @@ static void teardown(server *sv) {
    * it, and before the store closes its tiers (every reservation must be
    * published or aborted by then). */
   for (int i = 0; i < NREQ; i++)
-    srv_store_put_abort(sv->st, &sv->req[i].put);
-  free(sv->pool);
+    kvt_srv_store_put_abort(sv->st, &sv->req[i].put);
+  kvt_dealloc(sv->ctx, sv->pool);
   pthread_mutex_destroy(&sv->buf_mu);
   pthread_mutex_destroy(&sv->mu);
   pthread_cond_destroy(&sv->cv);
 }
 
-int srv_net_run(const srv_config *cfg, srv_store *st, volatile sig_atomic_t *stop, int wake_fd) {
-  server *sv = calloc(1, sizeof(*sv));
-  if (!sv)
-    return -ENOMEM;
-  sv->cfg = cfg;
-  sv->st = st;
-  sv->wake_fd = wake_fd;
-  sv->started = srv_now_s();
+int kvt_srv_net_open(kvt_server *sv) {
+  sv->net_open = 1;
+  sv->started = kvt_srv_now_s();
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  sv->salt = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^
-             (uint64_t)ts.tv_sec;
+  sv->salt =
+      (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)ts.tv_sec;
   pthread_mutex_init(&sv->mu, NULL);
   pthread_mutex_init(&sv->buf_mu, NULL);
   pthread_cond_init(&sv->cv, NULL);
   int rc = setup(sv);
-  sv->threads = calloc((size_t)cfg->workers, sizeof(pthread_t));
-  for (int i = 0; rc == 0 && i < cfg->workers; i++) {
-    if (!sv->threads || pthread_create(&sv->threads[i], NULL, srv_worker_main, sv) != 0) {
-      rc = -EAGAIN;
+  if (rc == 0 && !(sv->threads = kvt_alloc(sv->ctx, (size_t)sv->cfg->workers * sizeof(pthread_t),
+                                           sizeof(void *))))
+    rc = kvt_fail(sv->ctx, -ENOMEM, "out of memory");
+  for (int i = 0; rc == 0 && i < sv->cfg->workers; i++) {
+    if (pthread_create(&sv->threads[i], NULL, kvt_srv_worker_main, sv) != 0) {
+      rc = kvt_fail(sv->ctx, -EAGAIN, "starting a worker thread");
       break;
     }
     sv->n_threads++;
   }
-  if (rc == 0) {
-    say_ready(sv);
-    serve(sv, stop);
-  }
-  teardown(sv);
-  free(sv);
   return rc;
 }

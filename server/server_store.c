@@ -37,6 +37,10 @@
  * owner index would avoid that and is not done yet). GET, EXISTS and DEL
  * need no owner: they derive the internal key.
  *
+ * Index: the library's key index (core/key_index.h) from the internal key
+ * to an entry on the context's heap; entries are allocated and freed under
+ * the store's lock.
+ *
  * Concurrency: one mutex over the index; tier I/O runs outside it. An entry
  * has readers (GETs copying it) and at most one writer (PUT, DEL, eviction,
  * a reserved PUT's commit), which waits for the readers to finish. A
@@ -49,8 +53,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "key_index.h"
 #include "kvt_internal.h"
 #include "server_internal.h"
+#include "tier_internal.h"
 
 #define REC_MAGIC 0x5254564Bu /* "KVTR" */
 #define REC_VERSION 1u
@@ -64,7 +70,6 @@ typedef struct entry {
   int tenant;
   uint32_t readers;
   uint8_t busy, live, in_top, in_bottom;
-  struct entry *hnext;
   struct entry *lru_prev, *lru_next; /* head: most recent */
   struct entry *t_prev, *t_next;     /* the tenant's keys in seq order */
 } entry;
@@ -83,18 +88,17 @@ typedef struct tlist {
   int hint_valid;
 } tlist;
 
-struct srv_store {
+struct kvt_srv_store {
   kvt_ctx *ctx;
-  kvt_tier *top, *bottom; /* top == NULL with one tier */
-  kvt_tier *res_tier;     /* where PUTs may reserve their block: a dram top or only tier */
+  kvt_tier *top, *bottom;      /* top == NULL with one tier */
+  kvt_tier *res_tier;          /* where PUTs may reserve their block: a dram top or only tier */
   uint64_t res_bytes, res_cap; /* reserved now; at most half of res_tier ("Reserved PUTs") */
   int evict;
-  const srv_tenant *tenants;
+  const kvt_srv_tenant *tenants;
   int n_tenants;
   pthread_mutex_t mu;
   pthread_cond_t cv; /* an entry's busy or readers went down */
-  entry **buckets;
-  size_t n_buckets, items;
+  kvt_index ix;      /* internal key -> entry (ref); every entry, live or being written */
   entry *lru_head, *lru_tail;
   tlist *tl; /* per tenant */
   uint64_t next_seq;
@@ -104,7 +108,7 @@ struct srv_store {
 
 /* ---- keys and records ---- */
 
-static void internal_key(const srv_store *st, int tenant, const kvt_key *key, kvt_key *out) {
+static void internal_key(const kvt_srv_store *st, int tenant, const kvt_key *key, kvt_key *out) {
   uint8_t b[4 + 8 + 16];
   memcpy(b, "kvts", 4);
   kvt_st64(b + 4, st->tenants[tenant].tag);
@@ -126,50 +130,29 @@ static int rec_valid(const uint8_t *rec) {
 
 /* ---- index ---- */
 
-static size_t bucket_of(const srv_store *st, const kvt_key *k) {
-  return (size_t)(kvt_ld64(k->bytes) & (st->n_buckets - 1));
+/* Entries live on the context's heap (allocated under the store's lock);
+ * the index maps an internal key to its entry. */
+static entry *find(kvt_srv_store *st, const kvt_key *ikey) {
+  const kvt_index_entry *x = kvt_index_find(&st->ix, ikey);
+  return x ? x->ref : NULL;
 }
 
-static entry *find(srv_store *st, const kvt_key *ikey) {
-  for (entry *e = st->buckets[bucket_of(st, ikey)]; e; e = e->hnext)
-    if (memcmp(e->ikey.bytes, ikey->bytes, 16) == 0)
-      return e;
-  return NULL;
-}
-
-static void grow(srv_store *st) {
-  const size_t nb = st->n_buckets * 2;
-  entry **b = calloc(nb, sizeof(*b));
-  if (!b)
-    return; /* longer chains, still correct */
-  for (size_t i = 0; i < st->n_buckets; i++)
-    for (entry *e = st->buckets[i], *next; e; e = next) {
-      next = e->hnext;
-      const size_t j = (size_t)(kvt_ld64(e->ikey.bytes) & (nb - 1));
-      e->hnext = b[j];
-      b[j] = e;
-    }
-  free(st->buckets);
-  st->buckets = b;
-  st->n_buckets = nb;
-}
-
-static entry *insert(srv_store *st, const kvt_key *ikey) {
-  entry *e = calloc(1, sizeof(*e));
+/* A new entry for ikey (absent), indexed; NULL when out of memory. */
+static entry *insert(kvt_srv_store *st, const kvt_key *ikey) {
+  if (kvt_index_reserve(&st->ix, st->ix.items + 1) != 0)
+    return NULL;
+  entry *e = kvt_alloc(st->ctx, sizeof(*e), _Alignof(entry));
   if (!e)
     return NULL;
-  if (st->items + 1 > st->n_buckets)
-    grow(st);
+  memset(e, 0, sizeof(*e));
   e->ikey = *ikey;
   e->tenant = UNRESOLVED;
-  const size_t b = bucket_of(st, ikey);
-  e->hnext = st->buckets[b];
-  st->buckets[b] = e;
-  st->items++;
+  int fresh = 0;
+  kvt_index_upsert(&st->ix, ikey, &fresh)->ref = e;
   return e;
 }
 
-static void lru_unlink(srv_store *st, entry *e) {
+static void lru_unlink(kvt_srv_store *st, entry *e) {
   if (e->lru_prev)
     e->lru_prev->lru_next = e->lru_next;
   else if (st->lru_head == e)
@@ -181,7 +164,7 @@ static void lru_unlink(srv_store *st, entry *e) {
   e->lru_prev = e->lru_next = NULL;
 }
 
-static void lru_touch(srv_store *st, entry *e) {
+static void lru_touch(kvt_srv_store *st, entry *e) {
   lru_unlink(st, e);
   e->lru_next = st->lru_head;
   if (st->lru_head)
@@ -191,13 +174,13 @@ static void lru_touch(srv_store *st, entry *e) {
     st->lru_tail = e;
 }
 
-static void tenant_link(srv_store *st, entry *e) {
+static void tenant_link(kvt_srv_store *st, entry *e) {
   if (e->tenant < 0)
     return;
   tlist *t = &st->tl[e->tenant];
   if (t->hint_valid) {
     if (t->tail && t->tail->seq > e->seq)
-      t->hint_valid = 0; /* out of order until put back: see srv_store_put */
+      t->hint_valid = 0; /* out of order until put back: see kvt_srv_store_put */
     else if (!t->hint && e->seq >= t->hint_cursor)
       t->hint = e;
   }
@@ -212,7 +195,7 @@ static void tenant_link(srv_store *st, entry *e) {
   t->bytes += e->len;
 }
 
-static void tenant_unlink(srv_store *st, entry *e) {
+static void tenant_unlink(kvt_srv_store *st, entry *e) {
   if (e->tenant < 0)
     return;
   tlist *t = &st->tl[e->tenant];
@@ -231,21 +214,17 @@ static void tenant_unlink(srv_store *st, entry *e) {
   t->bytes -= e->len;
 }
 
-static void remove_entry(srv_store *st, entry *e) {
-  entry **pp = &st->buckets[bucket_of(st, &e->ikey)];
-  while (*pp != e)
-    pp = &(*pp)->hnext;
-  *pp = e->hnext;
+static void remove_entry(kvt_srv_store *st, entry *e) {
+  kvt_index_remove(&st->ix, kvt_index_find(&st->ix, &e->ikey));
   lru_unlink(st, e);
   if (e->live)
     tenant_unlink(st, e);
   if (e->tenant == UNRESOLVED && e->live)
     st->unresolved--;
-  st->items--;
-  free(e);
+  kvt_dealloc(st->ctx, e);
 }
 
-static void release_write(srv_store *st, entry *e) {
+static void release_write(kvt_srv_store *st, entry *e) {
   e->busy = 0;
   pthread_cond_broadcast(&st->cv);
 }
@@ -256,7 +235,7 @@ static void release_write(srv_store *st, entry *e) {
  * or the only tier: drop the value) by dropping the coldest value or copy
  * that nobody uses, never the one of `keep` (the key being put: a PUT that
  * fails must leave its old value). Returns 1 when something was dropped. */
-static int evict_one(srv_store *st, kvt_tier *which, const kvt_key *keep) {
+static int evict_one(kvt_srv_store *st, kvt_tier *which, const kvt_key *keep) {
   const int top = which == st->top;
   pthread_mutex_lock(&st->mu);
   entry *v = st->lru_tail;
@@ -290,7 +269,7 @@ static int evict_one(srv_store *st, kvt_tier *which, const kvt_key *keep) {
 }
 
 /* Puts into tier t, dropping colder values or copies while it is full. */
-static int put_with_room(srv_store *st, kvt_tier *t, const entry *e, const uint8_t *rec,
+static int put_with_room(kvt_srv_store *st, kvt_tier *t, const entry *e, const uint8_t *rec,
                          uint64_t n, int may_evict) {
   for (int tries = 0;; tries++) {
     const int rc = kvt_tier_put(t, &e->ikey, rec, n);
@@ -304,7 +283,7 @@ static int put_with_room(srv_store *st, kvt_tier *t, const entry *e, const uint8
 /* Takes the entry of ik for writing once nobody else uses it; NULL when it
  * is absent (or went away while we waited: a failed PUT of a new key, a DEL
  * or an eviction frees it, so it is looked up again after every wait). */
-static entry *take_existing(srv_store *st, const kvt_key *ik) {
+static entry *take_existing(kvt_srv_store *st, const kvt_key *ik) {
   for (;;) {
     entry *e = find(st, ik);
     if (!e)
@@ -318,7 +297,7 @@ static entry *take_existing(srv_store *st, const kvt_key *ik) {
 }
 
 /* Finds or creates the entry for (tenant, key) and takes it for writing. */
-static entry *write_entry(srv_store *st, const kvt_key *ik) {
+static entry *write_entry(kvt_srv_store *st, const kvt_key *ik) {
   entry *e = take_existing(st, ik);
   if (!e && (e = insert(st, ik)) != NULL)
     e->busy = 1;
@@ -328,7 +307,7 @@ static entry *write_entry(srv_store *st, const kvt_key *ik) {
 /* Indexes the outcome of a PUT of e (taken for writing): rc 0, the value
  * in the bottom tier and, top_ok, a copy in the top one; else e as it was
  * (or gone, when it was new). Releases e. Called under the lock. */
-static void put_done(srv_store *st, entry *e, int tenant, const kvt_key *key, uint64_t len,
+static void put_done(kvt_srv_store *st, entry *e, int tenant, const kvt_key *key, uint64_t len,
                      int rc, int top_ok) {
   st->puts++;
   if (rc) {
@@ -375,7 +354,8 @@ static void put_done(srv_store *st, entry *e, int tenant, const kvt_key *key, ui
   release_write(st, e);
 }
 
-int srv_store_put(srv_store *st, int tenant, const kvt_key *key, uint8_t *rec, uint64_t len) {
+int kvt_srv_store_put(kvt_srv_store *st, int tenant, const kvt_key *key, uint8_t *rec,
+                      uint64_t len) {
   kvt_key ik;
   internal_key(st, tenant, key, &ik);
   rec_header(rec, st->tenants[tenant].tag, key);
@@ -404,8 +384,8 @@ int srv_store_put(srv_store *st, int tenant, const kvt_key *key, uint8_t *rec, u
 
 /* ---- reserved PUTs ---- */
 
-int srv_store_put_reserve(srv_store *st, int tenant, const kvt_key *key, uint64_t len,
-                          srv_put *p, uint8_t **rec) {
+int kvt_srv_store_put_reserve(kvt_srv_store *st, int tenant, const kvt_key *key, uint64_t len,
+                              kvt_srv_put *p, uint8_t **rec) {
   p->tier = NULL;
   if (!st->res_tier)
     return KVT_ENOTSUP;
@@ -445,7 +425,7 @@ int srv_store_put_reserve(srv_store *st, int tenant, const kvt_key *key, uint64_
 
 /* Takes the entry of ik for writing if nobody uses it now (creating it when
  * absent); NULL with *busy set when that would wait. Called under the lock. */
-static entry *try_write_entry(srv_store *st, const kvt_key *ik, int *busy) {
+static entry *try_write_entry(kvt_srv_store *st, const kvt_key *ik, int *busy) {
   entry *e = find(st, ik);
   *busy = e && (e->busy || e->readers);
   if (*busy)
@@ -457,7 +437,7 @@ static entry *try_write_entry(srv_store *st, const kvt_key *ik, int *busy) {
   return e;
 }
 
-int srv_store_put_commit(srv_store *st, srv_put *p, int may_wait) {
+int kvt_srv_store_put_commit(kvt_srv_store *st, kvt_srv_put *p, int may_wait) {
   if (!p->tier)
     return -EINVAL;
   if (st->top && !may_wait)
@@ -470,7 +450,7 @@ int srv_store_put_commit(srv_store *st, srv_put *p, int may_wait) {
     pthread_mutex_unlock(&st->mu);
     if (busy)
       return -EWOULDBLOCK;
-    srv_store_put_abort(st, p);
+    kvt_srv_store_put_abort(st, p);
     return -ENOMEM;
   }
   const int had_top = e->in_top;
@@ -495,7 +475,7 @@ int srv_store_put_commit(srv_store *st, srv_put *p, int may_wait) {
   return rc;
 }
 
-void srv_store_put_abort(srv_store *st, srv_put *p) {
+void kvt_srv_store_put_abort(kvt_srv_store *st, kvt_srv_put *p) {
   if (!p->tier)
     return;
   kvt_tier_abort(p->tier, &p->res);
@@ -505,7 +485,7 @@ void srv_store_put_abort(srv_store *st, srv_put *p) {
   pthread_mutex_unlock(&st->mu);
 }
 
-int srv_store_get_begin(srv_store *st, int tenant, const kvt_key *key, srv_get *g) {
+int kvt_srv_store_get_begin(kvt_srv_store *st, int tenant, const kvt_key *key, kvt_srv_get *g) {
   kvt_key ik;
   internal_key(st, tenant, key, &ik);
   pthread_mutex_lock(&st->mu);
@@ -532,10 +512,10 @@ int srv_store_get_begin(srv_store *st, int tenant, const kvt_key *key, srv_get *
 }
 
 /* Reads the record of e (len payload bytes) into rec and checks its header. */
-static int read_record(srv_store *st, entry *e, int from_top, uint8_t *rec, uint64_t len) {
+static int read_record(kvt_srv_store *st, entry *e, int from_top, uint8_t *rec, uint64_t len) {
   uint64_t got = 0;
-  const int rc = kvt_tier_get(from_top ? st->top : st->bottom, &e->ikey, rec, SRV_REC_HDR + len,
-                              &got);
+  const int rc =
+      kvt_tier_get(from_top ? st->top : st->bottom, &e->ikey, rec, SRV_REC_HDR + len, &got);
   if (rc)
     return rc;
   if (got != SRV_REC_HDR + len || !rec_valid(rec))
@@ -543,7 +523,7 @@ static int read_record(srv_store *st, entry *e, int from_top, uint8_t *rec, uint
   return 0;
 }
 
-int srv_store_get_read(srv_store *st, srv_get *g, uint8_t *rec) {
+int kvt_srv_store_get_read(kvt_srv_store *st, kvt_srv_get *g, uint8_t *rec) {
   entry *e = g->entry;
   pthread_mutex_lock(&st->mu);
   const int from_top = e->in_top;
@@ -551,8 +531,8 @@ int srv_store_get_read(srv_store *st, srv_get *g, uint8_t *rec) {
   int rc = read_record(st, e, from_top, rec, g->len);
   if (rc && from_top) /* a copy that went bad: the bottom tier has the value */
     rc = read_record(st, e, 0, rec, g->len);
-  if (rc == 0 && (kvt_ld64(rec + 8) != st->tenants[g->tenant].tag ||
-                  memcmp(rec + 16, g->key.bytes, 16) != 0))
+  if (rc == 0 &&
+      (kvt_ld64(rec + 8) != st->tenants[g->tenant].tag || memcmp(rec + 16, g->key.bytes, 16) != 0))
     rc = KVT_EFOREIGN; /* never serve what is not the asker's */
   if (rc == 0 && st->top && !from_top &&
       put_with_room(st, st->top, e, rec, SRV_REC_HDR + g->len, 1) == 0) {
@@ -563,7 +543,7 @@ int srv_store_get_read(srv_store *st, srv_get *g, uint8_t *rec) {
   return rc;
 }
 
-int srv_store_get_lend(srv_store *st, srv_get *g, const uint8_t **rec) {
+int kvt_srv_store_get_lend(kvt_srv_store *st, kvt_srv_get *g, const uint8_t **rec) {
   entry *e = g->entry;
   pthread_mutex_lock(&st->mu);
   kvt_tier *t = e->in_top ? st->top : st->top ? NULL : st->bottom;
@@ -584,7 +564,7 @@ int srv_store_get_lend(srv_store *st, srv_get *g, const uint8_t **rec) {
   return 0;
 }
 
-void srv_store_get_unlend(srv_store *st, srv_get *g) {
+void kvt_srv_store_get_unlend(kvt_srv_store *st, kvt_srv_get *g) {
   (void)st;
   if (g->lender) {
     kvt_tier_return(g->lender, &g->loan);
@@ -592,7 +572,7 @@ void srv_store_get_unlend(srv_store *st, srv_get *g) {
   }
 }
 
-void srv_store_get_end(srv_store *st, srv_get *g, int hit) {
+void kvt_srv_store_get_end(kvt_srv_store *st, kvt_srv_get *g, int hit) {
   entry *e = g->entry;
   pthread_mutex_lock(&st->mu);
   e->readers--;
@@ -607,7 +587,7 @@ void srv_store_get_end(srv_store *st, srv_get *g, int hit) {
   g->entry = NULL;
 }
 
-int srv_store_exists(srv_store *st, int tenant, const kvt_key *key, uint64_t *len) {
+int kvt_srv_store_exists(kvt_srv_store *st, int tenant, const kvt_key *key, uint64_t *len) {
   kvt_key ik;
   internal_key(st, tenant, key, &ik);
   pthread_mutex_lock(&st->mu);
@@ -620,7 +600,7 @@ int srv_store_exists(srv_store *st, int tenant, const kvt_key *key, uint64_t *le
   return rc;
 }
 
-int srv_store_del(srv_store *st, int tenant, const kvt_key *key) {
+int kvt_srv_store_del(kvt_srv_store *st, int tenant, const kvt_key *key) {
   kvt_key ik;
   internal_key(st, tenant, key, &ik);
   pthread_mutex_lock(&st->mu);
@@ -654,7 +634,7 @@ int srv_store_del(srv_store *st, int tenant, const kvt_key *key) {
 
 /* ---- owners after a restart ---- */
 
-static int tenant_of_tag(const srv_store *st, uint64_t tag) {
+static int tenant_of_tag(const kvt_srv_store *st, uint64_t tag) {
   for (int i = 0; i < st->n_tenants; i++)
     if (st->tenants[i].tag == tag)
       return i;
@@ -663,7 +643,7 @@ static int tenant_of_tag(const srv_store *st, uint64_t tag) {
 
 /* Reads the header of every record indexed at open whose owner is not yet
  * known. Called by LIST and STATS; a no-op once done. */
-static void resolve_owners(srv_store *st) {
+static void resolve_owners(kvt_srv_store *st) {
   uint8_t *buf = NULL;
   size_t cap = 0;
   for (;;) {
@@ -674,14 +654,15 @@ static void resolve_owners(srv_store *st) {
     }
     entry *e = NULL;
     int in_use = 0;
-    for (size_t b = 0; b < st->n_buckets && !e; b++)
-      for (entry *x = st->buckets[b]; x && !e; x = x->hnext)
-        if (x->live && x->tenant == UNRESOLVED) {
-          if (!x->busy && !x->readers)
-            e = x;
-          else
-            in_use = 1;
-        }
+    /* Every live entry is on the LRU list; those indexed at open, and not
+     * used since, at its cold end. */
+    for (entry *x = st->lru_tail; x && !e; x = x->lru_prev)
+      if (x->live && x->tenant == UNRESOLVED) {
+        if (!x->busy && !x->readers)
+          e = x;
+        else
+          in_use = 1;
+      }
     if (!e) {
       if (in_use) /* being read or written: wait for it, then look again */
         pthread_cond_wait(&st->cv, &st->mu);
@@ -694,9 +675,9 @@ static void resolve_owners(srv_store *st) {
     const uint64_t len = e->len;
     pthread_mutex_unlock(&st->mu);
     if (cap < SRV_REC_HDR + len) {
-      free(buf);
+      kvt_dealloc(st->ctx, buf);
       cap = SRV_REC_HDR + len;
-      buf = malloc(cap);
+      buf = kvt_alloc(st->ctx, cap, 64);
     }
     const int rc = buf ? read_record(st, e, 0, buf, len) : -ENOMEM;
     pthread_mutex_lock(&st->mu);
@@ -711,11 +692,11 @@ static void resolve_owners(srv_store *st) {
     release_write(st, e);
     pthread_mutex_unlock(&st->mu);
   }
-  free(buf);
+  kvt_dealloc(st->ctx, buf);
 }
 
-int srv_store_list(srv_store *st, int tenant, uint64_t cursor, kvt_proto_list_entry *out,
-                   uint32_t max, uint32_t *n, uint64_t *next) {
+int kvt_srv_store_list(kvt_srv_store *st, int tenant, uint64_t cursor, kvt_proto_list_entry *out,
+                       uint32_t max, uint32_t *n, uint64_t *next) {
   resolve_owners(st);
   pthread_mutex_lock(&st->mu);
   tlist *t = &st->tl[tenant];
@@ -752,13 +733,13 @@ static void tier_usage(kvt_tier *t, uint64_t *cap, uint64_t *used) {
   }
 }
 
-void srv_store_stats(srv_store *st, int tenant, uint64_t v[KVT_STAT_COUNT]) {
+void kvt_srv_store_stats(kvt_srv_store *st, int tenant, uint64_t v[KVT_STAT_COUNT]) {
   if (tenant >= 0)
     resolve_owners(st);
   tier_usage(st->bottom, &v[KVT_STAT_CAPACITY], &v[KVT_STAT_USED]);
   tier_usage(st->top, &v[KVT_STAT_DRAM_CAPACITY], &v[KVT_STAT_DRAM_USED]);
   pthread_mutex_lock(&st->mu);
-  v[KVT_STAT_ITEMS] = st->items;
+  v[KVT_STAT_ITEMS] = st->ix.items;
   if (tenant >= 0) {
     v[KVT_STAT_TENANT_ITEMS] = st->tl[tenant].items;
     v[KVT_STAT_TENANT_BYTES] = st->tl[tenant].bytes;
@@ -779,20 +760,23 @@ void srv_store_stats(srv_store *st, int tenant, uint64_t v[KVT_STAT_COUNT]) {
 /* ---- open and close ---- */
 
 typedef struct rebuild {
-  srv_store *st;
+  kvt_srv_store *st;
   kvt_key *stale; /* records too short to be ours: deleted after the walk */
   size_t n_stale, cap_stale;
 } rebuild;
 
 static int rebuild_one(void *opaque, const kvt_key *key, uint64_t len) {
   rebuild *r = opaque;
-  srv_store *st = r->st;
+  kvt_srv_store *st = r->st;
   if (len < SRV_REC_HDR) {
     if (r->n_stale == r->cap_stale) {
       const size_t cap = r->cap_stale ? r->cap_stale * 2 : 64;
-      kvt_key *k = realloc(r->stale, cap * sizeof(*k));
+      kvt_key *k = kvt_alloc(st->ctx, cap * sizeof(*k), _Alignof(kvt_key));
       if (!k)
         return 0;
+      if (r->n_stale)
+        memcpy(k, r->stale, r->n_stale * sizeof(*k));
+      kvt_dealloc(st->ctx, r->stale);
       r->stale = k;
       r->cap_stale = cap;
     }
@@ -811,7 +795,14 @@ static int rebuild_one(void *opaque, const kvt_key *key, uint64_t len) {
   return 0;
 }
 
-/* Splits "A;B" into at most two tier specs (a ';' followed by a scheme). */
+/* Whether s starts a tier spec: a compiled-in scheme, then ':' or '@'. */
+static int starts_spec(const char *s) {
+  const size_t n = strcspn(s, ":@;");
+  return n && (s[n] == ':' || s[n] == '@') && kvt_tier_scheme_known(s, n);
+}
+
+/* Splits "A;B" into at most two tier specs (a ';' followed by a scheme: the
+ * ';' between a fault decorator's rules stays inside its spec). */
 static int split_tiers(const char *spec, char parts[2][1024]) {
   int n = 0;
   const char *p = spec;
@@ -819,8 +810,7 @@ static int split_tiers(const char *spec, char parts[2][1024]) {
     const char *semi = p;
     for (;;) {
       semi = strchr(semi, ';');
-      if (!semi || strncmp(semi + 1, "dram:", 5) == 0 || strncmp(semi + 1, "nvme:", 5) == 0 ||
-          strncmp(semi + 1, "fault:", 6) == 0 || strncmp(semi + 1, "trace@", 6) == 0)
+      if (!semi || starts_spec(semi + 1))
         break;
       semi++;
     }
@@ -835,24 +825,27 @@ static int split_tiers(const char *spec, char parts[2][1024]) {
   return n;
 }
 
-int srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const srv_tenant *tenants,
-                   int n_tenants, srv_store **out, char *err, size_t err_cap) {
+int kvt_srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const kvt_srv_tenant *tenants,
+                       int n_tenants, kvt_srv_store **out, char *err, size_t err_cap) {
   char parts[2][1024];
   const int n = split_tiers(spec, parts);
   if (n < 1) {
     snprintf(err, err_cap, "--tiers '%s': expected one tier or two separated by ';'", spec);
     return -EINVAL;
   }
-  srv_store *st = calloc(1, sizeof(*st));
-  if (!st || !(st->buckets = calloc(1024, sizeof(entry *))) ||
-      !(st->tl = calloc((size_t)(n_tenants ? n_tenants : 1), sizeof(tlist)))) {
-    if (st)
-      free(st->buckets);
-    free(st);
+  const size_t tl_size = (size_t)(n_tenants ? n_tenants : 1) * sizeof(tlist);
+  kvt_srv_store *st = kvt_alloc(ctx, sizeof(*st), 64);
+  tlist *tl = kvt_alloc(ctx, tl_size, _Alignof(tlist));
+  if (!st || !tl) {
+    kvt_dealloc(ctx, st);
+    kvt_dealloc(ctx, tl);
     snprintf(err, err_cap, "out of memory");
     return -ENOMEM;
   }
-  st->n_buckets = 1024;
+  memset(st, 0, sizeof(*st));
+  memset(tl, 0, tl_size);
+  st->tl = tl;
+  kvt_index_init(&st->ix, ctx);
   st->ctx = ctx;
   st->evict = evict_lru;
   st->tenants = tenants;
@@ -866,9 +859,11 @@ int srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const srv_tena
       snprintf(err, err_cap, "tier '%s': %s", parts[i], kvt_ctx_last_error(ctx));
   st->top = n == 2 ? t[0] : NULL;
   st->bottom = n == 2 ? t[1] : t[0];
-  /* Host memory only: the network side writes the header and RMAs into it. */
+  /* Host memory only: the network side writes the header and RMAs into it.
+   * (A decorated dram tier says host memory too, and refuses to reserve:
+   * its PUTs take the staging path, as before.) */
   kvt_tier_stats ts = {.struct_size = sizeof(ts)};
-  if (rc == 0 && strncmp(kvt_tier_spec(t[0]), "dram:", 5) == 0 &&
+  if (rc == 0 && (kvt_tier_traits(t[0]) & KVT_TIER_HOST_MEMORY) &&
       kvt_tier_stats_get(t[0], &ts) == 0) {
     st->res_tier = t[0];
     st->res_cap = ts.capacity / 2;
@@ -878,32 +873,30 @@ int srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const srv_tena
     rc = 0; /* a tier that cannot list (none of ours): starts empty */
   for (size_t i = 0; rc == 0 && i < r.n_stale; i++)
     kvt_tier_del(st->bottom, &r.stale[i]);
-  free(r.stale);
+  kvt_dealloc(ctx, r.stale);
   if (rc) {
     if (!err[0])
       snprintf(err, err_cap, "indexing '%s': %s", parts[n - 1], kvt_strerror(rc));
     st->top = t[0];
     st->bottom = t[1];
-    srv_store_close(st);
+    kvt_srv_store_close(st);
     return rc;
   }
   *out = st;
   return 0;
 }
 
-void srv_store_close(srv_store *st) {
+void kvt_srv_store_close(kvt_srv_store *st) {
   if (!st)
     return;
   kvt_tier_close(st->top);
   kvt_tier_close(st->bottom); /* each PUT was durable when acknowledged */
-  for (size_t b = 0; b < st->n_buckets; b++)
-    for (entry *e = st->buckets[b], *next; e; e = next) {
-      next = e->hnext;
-      free(e);
-    }
-  free(st->buckets);
-  free(st->tl);
+  for (uint64_t i = 0; i < st->ix.cap; i++)
+    if (st->ix.slots[i].live)
+      kvt_dealloc(st->ctx, st->ix.slots[i].ref);
+  kvt_index_free(&st->ix);
+  kvt_dealloc(st->ctx, st->tl);
   pthread_cond_destroy(&st->cv);
   pthread_mutex_destroy(&st->mu);
-  free(st);
+  kvt_dealloc(st->ctx, st);
 }

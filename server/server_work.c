@@ -15,27 +15,27 @@
 
 /* ---- the workers ---- */
 
-static void wake(server *sv) {
+static void wake(kvt_server *sv) {
   const uint64_t one = 1;
   ssize_t w = write(sv->wake_fd, &one, sizeof(one));
   (void)w;
 }
 
-static void work_get(server *sv, sreq *r) {
-  srv_get g;
-  r->status = srv_store_get_begin(sv->st, r->s->tenant, &r->req.u.data.key, &g);
+static void work_get(kvt_server *sv, sreq *r) {
+  kvt_srv_get g;
+  r->status = kvt_srv_store_get_begin(sv->st, r->s->tenant, &r->req.u.data.key, &g);
   if (r->status)
     return;
   r->out_len = g.len;
   if (g.len > r->req.u.data.len) {
     r->status = KVT_ENOBUFS;
-    srv_store_get_end(sv->st, &g, -1);
+    kvt_srv_store_get_end(sv->st, &g, -1);
     return;
   }
   /* A value in a memory tier goes out from where it lies (registered for
    * this write), saving a copy; else through a staging buffer. */
   const uint8_t *rec = NULL;
-  if (g.len && srv_store_get_lend(sv->st, &g, &rec) == 0) {
+  if (g.len && kvt_srv_store_get_lend(sv->st, &g, &rec) == 0) {
     if (kvt_fab_mr_reg(sv->fab, rec, SRV_REC_HDR + g.len, KVT_FAB_LOCAL, &r->lend_mr) == 0) {
       r->g = g;
       r->lent = 1;
@@ -43,49 +43,50 @@ static void work_get(server *sv, sreq *r) {
       r->status = 0;
       return; /* finish() returns the loan and counts the hit */
     }
-    srv_store_get_unlend(sv->st, &g);
+    kvt_srv_store_get_unlend(sv->st, &g);
   }
-  r->stage = srv_buf_get(sv, SRV_REC_HDR + g.len);
-  r->status = r->stage ? srv_store_get_read(sv->st, &g, r->stage->p) : -ENOMEM;
-  srv_store_get_end(sv->st, &g, r->status == 0);
+  r->stage = kvt_srv_buf_get(sv, SRV_REC_HDR + g.len);
+  r->status = r->stage ? kvt_srv_store_get_read(sv->st, &g, r->stage->p) : -ENOMEM;
+  kvt_srv_store_get_end(sv->st, &g, r->status == 0);
 }
 
-static void work(server *sv, sreq *r) {
+static void work(kvt_server *sv, sreq *r) {
   const int tenant = r->s->tenant;
   r->out_len = 0;
   switch (r->req.h.opcode) {
   case KVT_PROTO_PUT:
-    r->status = r->put.tier ? srv_store_put_commit(sv->st, &r->put, 1)
-                            : srv_store_put(sv->st, tenant, &r->req.u.data.key, r->stage->p,
-                                            r->req.u.data.len);
+    r->status = r->put.tier ? kvt_srv_store_put_commit(sv->st, &r->put, 1)
+                            : kvt_srv_store_put(sv->st, tenant, &r->req.u.data.key, r->stage->p,
+                                                r->req.u.data.len);
     break;
   case KVT_PROTO_GET:
     work_get(sv, r);
     break;
   case KVT_PROTO_EXISTS:
-    r->status = srv_store_exists(sv->st, tenant, &r->req.u.key.key, &r->out_len);
+    r->status = kvt_srv_store_exists(sv->st, tenant, &r->req.u.key.key, &r->out_len);
     break;
   case KVT_PROTO_DEL:
-    r->status = srv_store_del(sv->st, tenant, &r->req.u.key.key);
+    r->status = kvt_srv_store_del(sv->st, tenant, &r->req.u.key.key);
     break;
   case KVT_PROTO_STATS:
     memset(r->stats, 0, sizeof(r->stats));
-    srv_store_stats(sv->st, tenant, r->stats);
+    kvt_srv_store_stats(sv->st, tenant, r->stats);
     r->stats[KVT_STAT_SESSIONS] = atomic_load(&sv->n_sessions);
     r->stats[KVT_STAT_AUTH_REFUSED] = atomic_load(&sv->auth_refused);
     r->stats[KVT_STAT_TOO_BIG] = atomic_load(&sv->too_big);
     r->stats[KVT_STAT_DEFERRED] = atomic_load(&sv->deferred);
-    r->stats[KVT_STAT_UPTIME_S] = (uint64_t)(srv_now_s() - sv->started);
+    r->stats[KVT_STAT_UPTIME_S] = (uint64_t)(kvt_srv_now_s() - sv->started);
     r->status = 0;
     break;
   case KVT_PROTO_LIST: {
     if (!r->list)
-      r->list = malloc(KVT_PROTO_LIST_MAX * sizeof(*r->list));
+      r->list =
+          kvt_alloc(sv->ctx, KVT_PROTO_LIST_MAX * sizeof(*r->list), _Alignof(kvt_proto_list_entry));
     const uint32_t max = r->req.u.list.max && r->req.u.list.max < KVT_PROTO_LIST_MAX
                              ? r->req.u.list.max
                              : KVT_PROTO_LIST_MAX;
-    r->status = r->list ? srv_store_list(sv->st, tenant, r->req.u.list.cursor, r->list, max,
-                                         &r->list_n, &r->list_next)
+    r->status = r->list ? kvt_srv_store_list(sv->st, tenant, r->req.u.list.cursor, r->list, max,
+                                             &r->list_n, &r->list_next)
                         : -ENOMEM;
     break;
   }
@@ -94,8 +95,8 @@ static void work(server *sv, sreq *r) {
   }
 }
 
-void *srv_worker_main(void *arg) {
-  server *sv = arg;
+void *kvt_srv_worker_main(void *arg) {
+  kvt_server *sv = arg;
   pthread_mutex_lock(&sv->mu);
   for (;;) {
     while (!sv->job_head && !sv->stop_workers)

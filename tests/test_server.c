@@ -1,12 +1,17 @@
-/* tests/test_server.c - kvtier-server as its clients and operators see it,
- * run as a child process on 127.0.0.1 (tests/server_fixture.h): wrong tokens
- * refused at open, tenants isolated from each other, oversize requests
- * refused, eight clients at once, SIGTERM exits 0 and a restart finds the
- * NVMe values, kill -9 in the middle of a run never yields wrong bytes and
- * the clients recover, malformed messages and requests under sessions the
- * server never opened change nothing, stats by request and as Prometheus
- * text. Skips (77)
- * without kvtier-server or the provider. */
+/* tests/test_server.c - the server engine (kvtier/server.h) as its clients
+ * see it, run in this process on 127.0.0.1 (tests/fixtures/server_fixture.c): the
+ * API's refusals and life cycle, wrong tokens refused at open, tenants
+ * isolated from each other, oversize requests refused, eight clients at
+ * once, a stop drains and a restart finds the NVMe values, a server gone
+ * and back, malformed messages and requests under sessions the server never
+ * opened change nothing, the counters by request; and what a hostile peer
+ * on the fabric must not be able to do: guessing memory-registration keys
+ * reaches no registered buffer, of a client or of the server (tcp;ofi_rxm
+ * checks no access flags); forged replies sent to a client's endpoint do
+ * not complete its GETs; a flood of HELLOs (without a token, or with
+ * another tenant's) does not end a live session; one session whose RMA
+ * never completes does not take every request slot. The program itself:
+ * test_server_program.c. Skips (77) without the provider. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -20,6 +25,7 @@
 #include <time.h>
 
 #include <cmocka.h>
+#include <dirent.h>
 
 #include "../transport/kvt_proto.h"
 #include "../transport/kvt_transport.h"
@@ -28,6 +34,12 @@
 #include "tier_test_util.h"
 
 static kvt_ctx *ctx;
+
+static int64_t ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static int open_tier(const srv_fixture *f, const char *tenant, const char *token, int timeout_ms,
                      kvt_tier **t) {
@@ -132,7 +144,7 @@ static void test_list_pages_show_every_held_key_once_while_keys_change(void **st
 
 /* ---- authentication and tenants ---- */
 
-static const char *two_tenants[] = {"--tiers", "dram:32MiB", "--tenant", "alice:secret-a",
+static const char *two_tenants[] = {"--tiers",  "dram:32MiB",   "--tenant", "alice:secret-a",
                                     "--tenant", "bob:secret-b", NULL};
 
 static void test_wrong_token_or_unknown_tenant_is_refused_at_open(void **state) {
@@ -249,8 +261,7 @@ typedef struct client {
 
 /* One round: a batch of async PUTs (more bytes than --max-inflight, so the
  * server defers some), then GETs of all of them, checked. */
-static const char *client_round(kvt_tier *t, client *c, uint32_t round, uint8_t *bufs,
-                                size_t cap) {
+static const char *client_round(kvt_tier *t, client *c, uint32_t round, uint8_t *bufs, size_t cap) {
   kvt_tier_op ops[BATCH], *ptrs[BATCH], *done[BATCH];
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t i = 0; i < BATCH; i++) {
@@ -320,24 +331,6 @@ static void *client_main(void *arg) {
   return NULL;
 }
 
-static int run_stats_cli(const srv_fixture *f, char *out, size_t cap) {
-  char cmd[512];
-  snprintf(cmd, sizeof(cmd), "%s --stats 127.0.0.1:%d", SRV_BIN, f->port);
-  FILE *p = popen(cmd, "r");
-  if (!p)
-    return -1;
-  const size_t n = fread(out, 1, cap - 1, p);
-  out[n] = 0;
-  return pclose(p);
-}
-
-static uint64_t prom_value(const char *text, const char *name) {
-  char pat[128];
-  snprintf(pat, sizeof(pat), "\n%s ", name);
-  const char *at = strstr(text, pat);
-  return at ? strtoull(at + strlen(pat), NULL, 10) : UINT64_MAX;
-}
-
 static void test_eight_clients_at_once_each_get_their_own_bytes(void **state) {
   (void)state;
   srv_fixture f = {0};
@@ -355,21 +348,18 @@ static void test_eight_clients_at_once_each_get_their_own_bytes(void **state) {
   for (int i = 0; i < CLIENTS; i++)
     if (c[i].failed)
       fail_msg("client %d: %s (%s)", i, c[i].failed, kvt_err_name(c[i].rc));
-  static char text[16384];
-  assert_int_equal(run_stats_cli(&f, text, sizeof(text)), 0);
   /* Every value is held, or was dropped for room (the store is smaller
    * than what the clients put: --evict lru). */
-  assert_int_equal(prom_value(text, "kvtier_server_items") +
-                       prom_value(text, "kvtier_server_evictions_total"),
+  assert_int_equal(srv_stat(&f, "items") + srv_stat(&f, "evictions_total"),
                    (uint64_t)CLIENTS * ROUNDS * BATCH);
-  assert_true(prom_value(text, "kvtier_server_used_bytes") <= 256u << 20);
-  assert_true(prom_value(text, "kvtier_server_deferred_total") > 0); /* the bound held them */
+  assert_true(srv_stat(&f, "used_bytes") <= 256u << 20);
+  assert_true(srv_stat(&f, "deferred_total") > 0); /* the bound held them */
   srv_stop_cleanly(&f, 20);
 }
 
 /* ---- stats ---- */
 
-static void test_stats_request_and_prometheus_text(void **state) {
+static void test_stats_fetch_gives_the_servers_counters(void **state) {
   (void)state;
   srv_fixture f = {0};
   srv_set_args(&f, "--tiers", "dram:8MiB", NULL);
@@ -387,15 +377,97 @@ static void test_stats_request_and_prometheus_text(void **state) {
   assert_int_equal(s.capacity, 8u << 20);
   assert_int_equal(s.items, 3);
   assert_true(s.used >= 3 * sizeof(v));
-  static char text[16384];
-  assert_int_equal(run_stats_cli(&f, text, sizeof(text)), 0);
-  assert_non_null(strstr(text, "# TYPE kvtier_server_puts_total counter\n"));
-  assert_non_null(strstr(text, "# TYPE kvtier_server_capacity_bytes gauge\n"));
-  assert_int_equal(prom_value(text, "kvtier_server_puts_total"), 3);
-  assert_int_equal(prom_value(text, "kvtier_server_capacity_bytes"), 8u << 20);
-  assert_int_equal(prom_value(text, "kvtier_server_sessions"), 2); /* the tier's and --stats' */
+  assert_string_equal(kvt_server_stat_name(0), "capacity_bytes");
+  assert_null(kvt_server_stat_name(1000));
+  assert_int_equal(srv_stat(&f, "puts_total"), 3);
+  assert_int_equal(srv_stat(&f, "capacity_bytes"), 8u << 20);
+  assert_int_equal(srv_stat(&f, "sessions"), 2); /* the tier's and the fetch's */
+  /* With a tenant, its counters too; a wrong token is refused. */
+  char port[16];
+  snprintf(port, sizeof(port), "%d", f.port);
+  uint64_t c[64];
+  size_t n = 0;
+  assert_int_equal(kvt_server_stats_fetch(ctx, "127.0.0.1", port, NULL, "default", "", c, 64, &n),
+                   0);
+  assert_true(n > 4 && n < 64);
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(kvt_server_stat_name(i), "tenant_items"))
+      assert_int_equal(c[i], 3);
+  assert_int_equal(kvt_server_stats_fetch(ctx, "127.0.0.1", port, NULL, "default", "x", c, 64, &n),
+                   KVT_EAUTH);
+  assert_int_equal(n, 0);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), port));
   kvt_tier_close(t);
   srv_stop_cleanly(&f, 20);
+}
+
+/* ---- the API ---- */
+
+static void test_create_refuses_bad_configs_with_a_detail(void **state) {
+  (void)state;
+  static const struct {
+    const char *tiers, *tenant, *tenant2, *detail;
+    int workers;
+  } bad[] = {
+      {"dram:8MiB", "alice", NULL, "NAME:TOKEN", 0},
+      {"dram:8MiB", "al ice:x", NULL, "1-64", 0},
+      {"dram:8MiB", "alice:x", "alice:y", "twice", 0},
+      {"dram:1MiB;dram:1MiB;dram:1MiB", NULL, NULL, "two", 0},
+      {"bogus:1", NULL, NULL, "bogus", 0},
+      {"dram:8MiB", NULL, NULL, "workers", 300},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    const char *tenants[2] = {bad[i].tenant, bad[i].tenant2};
+    kvt_server_config cfg = KVT_SERVER_CONFIG_INIT;
+    cfg.listen_port = "0";
+    cfg.tiers = bad[i].tiers;
+    cfg.tenants = tenants;
+    cfg.n_tenants = bad[i].tenant2 ? 2 : bad[i].tenant ? 1 : 0;
+    cfg.workers = bad[i].workers;
+    kvt_server *srv = (kvt_server *)&cfg; /* untouched on failure */
+    assert_int_not_equal(kvt_server_create(ctx, &cfg, &srv), 0);
+    assert_ptr_equal(srv, (kvt_server *)&cfg);
+    if (!strstr(kvt_ctx_last_error(ctx), bad[i].detail))
+      fail_msg("case %zu: '%s' does not name '%s'", i, kvt_ctx_last_error(ctx), bad[i].detail);
+  }
+  kvt_server_config old = KVT_SERVER_CONFIG_INIT;
+  old.struct_size = sizeof(size_t);
+  kvt_server *srv = NULL;
+  assert_int_equal(kvt_server_create(ctx, &old, &srv), -EINVAL);
+  assert_int_equal(kvt_server_create(NULL, &old, &srv), -EINVAL);
+  assert_null(srv);
+  assert_int_equal(kvt_server_run(NULL), -EINVAL);
+  assert_int_equal(kvt_server_stop(NULL), -EINVAL);
+  assert_string_equal(kvt_server_provider(NULL), "");
+  kvt_server_destroy(NULL);
+  assert_true(kvt_server_tenant_valid("alice-1.b_c"));
+  assert_false(kvt_server_tenant_valid(""));
+  assert_false(kvt_server_tenant_valid("a:b"));
+}
+
+static void test_a_server_stopped_before_it_runs_returns_at_once(void **state) {
+  (void)state;
+  kvt_server_config cfg = KVT_SERVER_CONFIG_INIT;
+  cfg.listen_port = "0";
+  cfg.tiers = "dram:8MiB";
+  cfg.workers = 2;
+  kvt_server *srv = NULL;
+  assert_int_equal(kvt_server_create(ctx, &cfg, &srv), 0);
+  char host[64];
+  uint16_t port = 0;
+  assert_int_equal(kvt_server_address(srv, host, sizeof(host), &port), 0);
+  assert_string_equal(host, "127.0.0.1"); /* loopback unless told otherwise */
+  assert_true(port > 0);
+  assert_int_equal(kvt_server_address(srv, host, 3, &port), KVT_ENOBUFS);
+  assert_non_null(strstr(kvt_server_provider(srv), "tcp"));
+  assert_int_equal(kvt_server_stop(srv), 0);
+  assert_int_equal(kvt_server_stop(srv), 0); /* any number of times */
+  assert_int_equal(kvt_server_run(srv), 0);
+  assert_int_equal(kvt_server_run(srv), -EINVAL); /* a server runs once */
+  kvt_server_destroy(srv);
+  /* Created and destroyed without running. */
+  assert_int_equal(kvt_server_create(ctx, &cfg, &srv), 0);
+  kvt_server_destroy(srv);
 }
 
 /* ---- hostile peers ---- */
@@ -433,8 +505,8 @@ static void test_malformed_and_unauthenticated_requests_leave_the_server_serving
   char err[256], port[16];
   snprintf(port, sizeof(port), "%d", f.port);
   kvt_fab *raw = NULL;
-  kvt_fab_config fc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .peer_node = "127.0.0.1",
-                       .peer_service = port};
+  kvt_fab_config fc = {
+      .provider = KVT_FAB_DEFAULT_PROVIDER, .peer_node = "127.0.0.1", .peer_service = port};
   assert_int_equal(kvt_fab_open(&fc, &raw, err, sizeof(err)), 0);
   uint64_t to;
   assert_int_equal(kvt_fab_av_insert_host(raw, "127.0.0.1", port, &to), 0);
@@ -477,9 +549,14 @@ static void test_malformed_and_unauthenticated_requests_leave_the_server_serving
   srv_stop_cleanly(&f, 20);
 }
 
-/* ---- shutdown, restart, kill -9 ---- */
+/* ---- stop, restart ---- */
 
-static void test_sigterm_exits_0_and_a_restart_has_the_nvme_values(void **state) {
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void test_stop_drains_and_a_restart_has_the_nvme_values(void **state) {
   (void)state;
   char dir[256], tiers[400];
   assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
@@ -526,167 +603,6 @@ static void test_sigterm_exits_0_and_a_restart_has_the_nvme_values(void **state)
   free(got);
 }
 
-#define K_THREADS 4
-#define K_KEYS 16
-#define K_MAX (64 * 1024)
-#define K_HEAD 16
-
-typedef struct killer {
-  char spec[256];
-  uint32_t id;
-  atomic_int *stop;
-  atomic_uint *max_version; /* [K_KEYS] per thread: the highest version put (attempted) */
-  uint64_t ok_before, ok_after, errors, misses;
-  atomic_int *phase; /* 0 before the kill, 1 after the restart */
-  const char *wrong;
-  int64_t longest_ms;
-} killer;
-
-static uint64_t k_len(uint32_t id, uint32_t key, uint32_t ver) {
-  return K_HEAD + ((uint64_t)id * 7717 + key * 131 + ver * 977) % (K_MAX - K_HEAD);
-}
-
-static void k_value(uint8_t *p, uint32_t id, uint32_t key, uint32_t ver) {
-  const uint64_t n = k_len(id, key, ver);
-  memcpy(p, &id, 4);
-  memcpy(p + 4, &key, 4);
-  memcpy(p + 8, &ver, 4);
-  memset(p + 12, 0, 4);
-  fill(p + K_HEAD, n - K_HEAD, ((uint64_t)id << 40) | ((uint64_t)key << 20) | ver);
-}
-
-static int64_t ms_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* What a GET returned must be exactly one version ever put for that key. */
-static const char *k_check(const killer *w, uint32_t key, const uint8_t *got, uint64_t len,
-                           uint8_t *scratch) {
-  uint32_t id, k, ver;
-  if (len < K_HEAD)
-    return "short value";
-  memcpy(&id, got, 4);
-  memcpy(&k, got + 4, 4);
-  memcpy(&ver, got + 8, 4);
-  if (id != w->id || k != key || ver > atomic_load(&w->max_version[key]))
-    return "a value of another key, thread or a version never put";
-  if (len != k_len(id, k, ver))
-    return "wrong length for its version";
-  k_value(scratch, id, k, ver);
-  return memcmp(scratch, got, len) == 0 ? NULL : "bytes differ from what was put";
-}
-
-static void *killer_main(void *arg) {
-  killer *w = arg;
-  kvt_tier *t = NULL;
-  uint8_t *v = malloc(K_MAX), *got = malloc(K_MAX), *scratch = malloc(K_MAX);
-  uint32_t ver[K_KEYS] = {0};
-  kvt_ctx *own = NULL;
-  int rc = kvt_ctx_create(NULL, &own);
-  for (int i = 0; rc == 0 && i < 20; i++) { /* timeout_ms is short: a slow start may miss it */
-    if ((rc = kvt_tier_open(own, w->spec, &t)) == 0)
-      break;
-    if (i < 19)
-      rc = 0, nanosleep(&(struct timespec){0, 250000000}, NULL);
-  }
-  if (rc || !v || !got || !scratch) {
-    w->wrong = "open";
-    goto out;
-  }
-  for (uint32_t it = 0; !atomic_load(w->stop) && !w->wrong; it++) {
-    const uint32_t key = (it / 2) % K_KEYS; /* a PUT of a key, then a GET of it */
-    const kvt_key k = key_of(200 + w->id, key);
-    const int64_t t0 = ms_now();
-    if (it % 2 == 0) {
-      const uint32_t nv = ++ver[key];
-      atomic_store(&w->max_version[key], nv);
-      k_value(v, w->id, key, nv);
-      rc = kvt_tier_put(t, &k, v, k_len(w->id, key, nv));
-    } else {
-      uint64_t len = 0;
-      rc = kvt_tier_get(t, &k, got, K_MAX, &len);
-      if (rc == 0)
-        w->wrong = k_check(w, key, got, len, scratch);
-      w->misses += rc == KVT_ENOTFOUND;
-    }
-    const int64_t took = ms_now() - t0;
-    if (took > w->longest_ms)
-      w->longest_ms = took;
-    if (rc == 0)
-      __atomic_fetch_add(atomic_load(w->phase) ? &w->ok_after : &w->ok_before, 1,
-                         __ATOMIC_RELAXED); /* the main thread watches ok_before */
-    else if (rc != KVT_ENOTFOUND) {
-      w->errors++;
-      struct timespec ts = {0, 20000000};
-      nanosleep(&ts, NULL);
-    }
-  }
-out:
-  kvt_tier_close(t);
-  kvt_ctx_destroy(own);
-  free(v);
-  free(got);
-  free(scratch);
-  return NULL;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-static void test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover(void **state) {
-  (void)state;
-  char dir[256], tiers[400];
-  assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
-  snprintf(tiers, sizeof(tiers), "dram:4MiB;nvme:%s:256MiB", dir);
-  srv_fixture f = {0};
-  srv_set_args(&f, "--tiers", tiers, NULL);
-  srv_start_or_fail(&f);
-  atomic_int stop = 0, phase = 0;
-  static atomic_uint maxv[K_THREADS][K_KEYS];
-  killer w[K_THREADS];
-  pthread_t th[K_THREADS];
-  for (uint32_t i = 0; i < K_THREADS; i++) {
-    w[i] = (killer){.id = i, .stop = &stop, .max_version = maxv[i], .phase = &phase};
-    srv_spec(&f, w[i].spec, sizeof(w[i].spec), "default", "", 1000, NULL);
-    assert_int_equal(pthread_create(&th[i], NULL, killer_main, &w[i]), 0);
-  }
-  /* Kill once every client is well under way (slow builds take longer). */
-  for (int i = 0, all = 0; i < 300 && !all; i++) {
-    sleep_ms(100);
-    all = i >= 15;
-    for (int j = 0; j < K_THREADS; j++)
-      all = all && __atomic_load_n(&w[j].ok_before, __ATOMIC_RELAXED) >= 20;
-  }
-  srv_kill9(&f);
-  sleep_ms(1500); /* every client sees the server gone */
-  srv_start_or_fail(&f);
-  atomic_store(&phase, 1);
-  sleep_ms(3000);
-  atomic_store(&stop, 1);
-  for (int i = 0; i < K_THREADS; i++)
-    pthread_join(th[i], NULL);
-  for (int i = 0; i < K_THREADS; i++) {
-    print_message("client %d: %llu ok before the kill, %llu after the restart, %llu errors, "
-                  "%llu misses, longest op %lld ms\n",
-                  i, (unsigned long long)w[i].ok_before, (unsigned long long)w[i].ok_after,
-                  (unsigned long long)w[i].errors, (unsigned long long)w[i].misses,
-                  (long long)w[i].longest_ms);
-    if (w[i].wrong)
-      fail_msg("client %d: %s", i, w[i].wrong);
-    if (w[i].ok_before == 0 || w[i].ok_after == 0)
-      fail_msg("client %d: %llu ops ok before the kill, %llu after the restart", i,
-               (unsigned long long)w[i].ok_before, (unsigned long long)w[i].ok_after);
-    if (w[i].longest_ms > 5000) /* timeout_ms=1000 bounds every wait */
-      fail_msg("client %d: an op took %lld ms", i, (long long)w[i].longest_ms);
-  }
-  srv_stop_cleanly(&f, 20);
-  srv_rmdir(dir);
-}
-
 static void test_dead_server_fails_ops_and_the_same_tier_reconnects(void **state) {
   (void)state;
   srv_fixture f = {0};
@@ -718,6 +634,424 @@ static void test_dead_server_fails_ops_and_the_same_tier_reconnects(void **state
   srv_stop_cleanly(&f, 20);
 }
 
+static kvt_key peer_key(uint32_t a) {
+  kvt_key k;
+  memset(&k, 0x5A, sizeof(k));
+  memcpy(k.bytes, &a, 4);
+  return k;
+}
+
+/* ---- hostile peers on the fabric ---- */
+
+/* A raw endpoint with a registered message buffer, and the server in its AV. */
+typedef struct raw {
+  kvt_fab *f;
+  uint64_t to;
+  uint8_t *buf; /* 2 x KVT_PROTO_MSG_MAX: send half, receive half */
+  kvt_fab_mr mr;
+} raw;
+
+static void raw_open(raw *r, const srv_fixture *srv, int no_post_wait) {
+  char err[256], port[16];
+  snprintf(port, sizeof(port), "%d", srv ? srv->port : 0);
+  kvt_fab_config fc = {.provider = KVT_FAB_DEFAULT_PROVIDER,
+                       .peer_node = "127.0.0.1",
+                       .peer_service = srv ? port : NULL,
+                       .no_post_wait = no_post_wait};
+  if (!srv) {
+    fc.node = "127.0.0.1";
+    fc.service = "0";
+    fc.peer_node = NULL;
+  }
+  assert_int_equal(kvt_fab_open(&fc, &r->f, err, sizeof(err)), 0);
+  r->to = KVT_FAB_ADDR_NONE;
+  if (srv)
+    assert_int_equal(kvt_fab_av_insert_host(r->f, "127.0.0.1", port, &r->to), 0);
+  r->buf = aligned_alloc(4096, 2 * KVT_PROTO_MSG_MAX);
+  assert_non_null(r->buf);
+  assert_int_equal(kvt_fab_mr_reg(r->f, r->buf, 2 * KVT_PROTO_MSG_MAX, KVT_FAB_LOCAL, &r->mr), 0);
+}
+
+static void raw_close(raw *r) {
+  kvt_fab_mr_dereg(&r->mr);
+  kvt_fab_close(r->f);
+  free(r->buf);
+}
+
+/* Encodes m and sends it to r->to, driving r until the send completed.
+ * Returns 0, the send's error, or -ETIMEDOUT. */
+static int raw_try_send(raw *r, const kvt_proto_msg *m, int timeout_ms) {
+  size_t len = 0;
+  assert_int_equal(kvt_proto_encode(m, r->buf, KVT_PROTO_MSG_MAX, &len), 0);
+  kvt_fab_ctx sent = {0};
+  int rc = -EAGAIN;
+  const int64_t end = ms_now() + timeout_ms;
+  while (rc == -EAGAIN && ms_now() < end)
+    rc = kvt_fab_send(r->f, r->to, r->buf, len, r->mr.desc, &sent);
+  while (rc == 0 && ms_now() < end) {
+    kvt_fab_comp c[16];
+    const int n = kvt_fab_poll(r->f, c, 16);
+    for (int j = 0; j < n; j++)
+      if (c[j].ctx == &sent)
+        return c[j].err;
+    if (n <= 0)
+      kvt_fab_wait(r->f, -1, 1);
+  }
+  return rc ? rc : -ETIMEDOUT;
+}
+
+static void raw_send(raw *r, const kvt_proto_msg *m) {
+  assert_int_equal(raw_try_send(r, m, 5000), 0);
+}
+
+static void hello_of(kvt_proto_msg *m, const uint8_t *addr, size_t alen, const char *tenant,
+                     const char *token) {
+  kvt_proto_init(m, KVT_PROTO_HELLO, 77, 0);
+  m->u.hello.addr = addr;
+  m->u.hello.addr_len = (uint16_t)alen;
+  snprintf(m->u.hello.tenant, sizeof(m->u.hello.tenant), "%s", tenant);
+  snprintf(m->u.hello.token, sizeof(m->u.hello.token), "%s", token);
+}
+
+/* ---- registration keys ---- */
+
+/* One RMA from a fresh endpoint (the provider drops a connection after a
+ * refused access, so every guess gets its own) at a region of victim's:
+ * a read of 64 bytes into loot, or a write of them. Returns the completion's
+ * status (a write's success only says the bytes left: check the target). */
+static int try_rma(kvt_fab *victim, const uint8_t *addr, int write, uint64_t raddr, uint64_t key,
+                   uint8_t *loot) {
+  raw thief;
+  raw_open(&thief, NULL, 1);
+  uint64_t peer;
+  assert_int_equal(kvt_fab_av_insert(thief.f, addr, &peer), 0);
+  kvt_fab_ctx cx = {0};
+  int rc = -EAGAIN;
+  for (const int64_t end = ms_now() + 3000; rc == -EAGAIN && ms_now() < end;) {
+    kvt_fab_progress(victim); /* the connection needs both sides driven */
+    kvt_fab_progress(thief.f);
+    rc = write ? kvt_fab_write(thief.f, peer, thief.buf, 64, thief.mr.desc, raddr, key, &cx)
+               : kvt_fab_read(thief.f, peer, thief.buf, 64, thief.mr.desc, raddr, key, &cx);
+  }
+  for (const int64_t end = ms_now() + 3000; rc == 0 && ms_now() < end;) {
+    kvt_fab_progress(victim);
+    kvt_fab_comp c[4];
+    const int n = kvt_fab_poll(thief.f, c, 4);
+    if (n > 0) {
+      rc = c[0].err;
+      if (rc == 0 && !write)
+        memcpy(loot, thief.buf, 64);
+      break;
+    }
+    kvt_fab_wait(thief.f, -1, 1);
+  }
+  for (int i = 0; i < 20; i++) /* a write that did go out lands now */
+    kvt_fab_progress(victim);
+  raw_close(&thief);
+  return rc;
+}
+
+/* tcp;ofi_rxm takes the registrant's keys and offsets from 0 as RMA
+ * addresses: with keys from a counter, any peer that can reach an endpoint
+ * reads a PUT's payload or writes into a GET's buffer with key 1, 2, ... */
+static void test_a_peer_cannot_guess_registration_keys(void **state) {
+  (void)state;
+  raw victim;
+  raw_open(&victim, NULL, 0); /* registers its message buffer first, as the tier does */
+  static uint8_t secret[4096], before[4096], loot[64];
+  fill(secret, sizeof(secret), 99);
+  memcpy(before, secret, sizeof(secret));
+  kvt_fab_mr mr[2];
+  assert_int_equal(kvt_fab_mr_reg(victim.f, secret, 2048, KVT_FAB_REMOTE_READ, &mr[0]), 0);
+  assert_int_equal(kvt_fab_mr_reg(victim.f, secret + 2048, 2048, KVT_FAB_REMOTE_WRITE, &mr[1]), 0);
+  uint8_t addr[KVT_PROTO_ADDR_MAX];
+  size_t alen = sizeof(addr);
+  assert_int_equal(kvt_fab_getname(victim.f, addr, &alen), 0);
+  int reads_ok = 0;
+  for (uint64_t key = 1; key <= 3; key++) { /* what a counter would have handed out */
+    memset(loot, 0, sizeof(loot));
+    reads_ok += try_rma(victim.f, addr, 0, mr[0].base, key, loot) == 0;
+    assert_null(memmem(loot, sizeof(loot), secret, 16));
+    (void)try_rma(victim.f, addr, 1, mr[1].base, key, loot);
+  }
+  assert_int_equal(reads_ok, 0);
+  assert_memory_equal(secret, before, sizeof(secret));
+  kvt_fab_mr_dereg(&mr[0]);
+  kvt_fab_mr_dereg(&mr[1]);
+  raw_close(&victim);
+}
+
+static const char *two_tenants_16m[] = {"--tiers",  "dram:16MiB",   "--tenant", "alice:secret-a",
+                                        "--tenant", "bob:secret-b", NULL};
+
+/* tcp;ofi_rxm does not check a region's access flags on a peer's RMA: the
+ * server's own regions (registered for local use only) answered guessed
+ * keys too. Key 1 was its message pool, where every client's HELLO, token
+ * included, is received: any peer, without a session, read it. */
+static void test_a_peer_cannot_read_the_servers_memory(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  memcpy(f.args, two_tenants_16m, sizeof(two_tenants_16m));
+  srv_start_or_fail(&f);
+  char spec[256];
+  srv_spec(&f, spec, sizeof(spec), "alice", "secret-a", 2000, NULL);
+  kvt_tier *t;
+  assert_int_equal(kvt_tier_open(ctx, spec, &t), 0); /* its HELLO lies in the pool now */
+  const size_t len = 4u << 20;
+  uint8_t *loot = aligned_alloc(4096, len);
+  assert_non_null(loot);
+  int ok = 0;
+  for (uint64_t key = 1; key <= 3; key++) {
+    raw thief;
+    raw_open(&thief, &f, 0);
+    kvt_fab_mr mr;
+    assert_int_equal(kvt_fab_mr_reg(thief.f, loot, len, KVT_FAB_LOCAL, &mr), 0);
+    memset(loot, 0, len);
+    kvt_fab_ctx cx = {0};
+    int rc = kvt_fab_read(thief.f, thief.to, loot, len, mr.desc, 0, key, &cx);
+    for (const int64_t end = ms_now() + 3000; rc == 0 && ms_now() < end;) {
+      kvt_fab_comp c[4];
+      const int n = kvt_fab_poll(thief.f, c, 4);
+      if (n > 0) {
+        rc = c[0].err;
+        ok += rc == 0;
+        break;
+      }
+      kvt_fab_wait(thief.f, -1, 1);
+    }
+    assert_null(memmem(loot, len, "secret-a", 8));
+    kvt_fab_mr_dereg(&mr);
+    raw_close(&thief);
+  }
+  free(loot);
+  assert_int_equal(ok, 0);
+  /* Still serving. */
+  const kvt_key k = peer_key(3);
+  uint8_t v[100], got[100];
+  uint64_t n = 0;
+  fill(v, sizeof(v), 3);
+  assert_int_equal(kvt_tier_put(t, &k, v, sizeof(v)), 0);
+  assert_int_equal(kvt_tier_get(t, &k, got, sizeof(got), &n), 0);
+  assert_memory_equal(got, v, sizeof(v));
+  kvt_tier_close(t);
+  srv_stop_cleanly(&f, 20);
+}
+
+/* ---- sessions ---- */
+
+/* The session table used to replace its least recently active idle session
+ * when full, whoever asked: 1024 HELLOs without a token ended every other
+ * client's session, whose next request was then dropped (a timeout). */
+static void test_hello_floods_do_not_end_another_clients_session(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  memcpy(f.args, two_tenants_16m, sizeof(two_tenants_16m));
+  srv_start_or_fail(&f);
+  char spec[256];
+  srv_spec(&f, spec, sizeof(spec), "alice", "secret-a", 2000, NULL);
+  kvt_tier *t;
+  assert_int_equal(kvt_tier_open(ctx, spec, &t), 0);
+  const kvt_key k = peer_key(1);
+  uint8_t v[1000], got[1000];
+  fill(v, sizeof(v), 1);
+  assert_int_equal(kvt_tier_put(t, &k, v, sizeof(v)), 0);
+
+  raw r;
+  raw_open(&r, &f, 0);
+  uint8_t addr[KVT_PROTO_ADDR_MAX];
+  size_t alen = sizeof(addr);
+  assert_int_equal(kvt_fab_getname(r.f, addr, &alen), 0);
+  kvt_proto_msg m;
+  hello_of(&m, addr, alen, "", ""); /* stats-only: no token needed */
+  for (int i = 0; i < 1100; i++)
+    raw_send(&r, &m);
+  hello_of(&m, addr, alen, "bob", "secret-b"); /* another tenant's, with its token */
+  for (int i = 0; i < 1100; i++)
+    raw_send(&r, &m);
+  raw_close(&r);
+
+  uint64_t n = 0;
+  memset(got, 0, sizeof(got));
+  assert_int_equal(kvt_tier_get(t, &k, got, sizeof(got), &n), 0);
+  assert_int_equal(n, sizeof(v));
+  assert_memory_equal(got, v, sizeof(v));
+  kvt_tier_close(t);
+  srv_stop_cleanly(&f, 20);
+}
+
+/* ---- forged replies ---- */
+
+/* Ports on 127.0.0.1 that this process listens on (its fabric endpoints):
+ * /proc/net/tcp's listening sockets whose inode is one of our fds. */
+static int our_listen_ports(int *ports, int max) {
+  unsigned long inodes[256];
+  int ni = 0, n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d)
+    return 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL && ni < 256;) {
+    char path[300], link[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    const ssize_t l = readlink(path, link, sizeof(link) - 1);
+    if (l > 0) {
+      link[l] = 0;
+      if (sscanf(link, "socket:[%lu]", &inodes[ni]) == 1)
+        ni++;
+    }
+  }
+  closedir(d);
+  FILE *f = fopen("/proc/net/tcp", "r");
+  char line[512];
+  while (f && fgets(line, sizeof(line), f) && n < max) {
+    unsigned addr, port, st;
+    unsigned long ino;
+    if (sscanf(line, " %*d: %x:%x %*x:%*x %x %*s %*s %*s %*s %*s %lu", &addr, &port, &st, &ino) !=
+            4 ||
+        st != 0x0A || addr != 0x0100007Fu)
+      continue;
+    for (int i = 0; i < ni; i++)
+      if (inodes[i] == ino)
+        ports[n++] = (int)port;
+  }
+  if (f)
+    fclose(f);
+  return n;
+}
+
+/* The fabric tier's request ids used to count (op n had id n << 16 | slot)
+ * and any message naming one was believed: a peer that reached the tier's
+ * endpoint completed an in-flight GET with success and whatever its buffer
+ * held; and a message that did not decode dropped the connection. */
+static void test_forged_replies_are_not_believed(void **state) {
+  (void)state;
+  if (!srv_binary_present())
+    skip(); /* the server is frozen with SIGSTOP: it must be a process of its own */
+  srv_fixture f = {.binary = 1};
+  memcpy(f.args, two_tenants_16m, sizeof(two_tenants_16m));
+  srv_start_or_fail(&f);
+  char spec[256];
+  srv_spec(&f, spec, sizeof(spec), "alice", "secret-a", 1500, NULL);
+  kvt_tier *t;
+  assert_int_equal(kvt_tier_open(ctx, spec, &t), 0);
+  const kvt_key k = peer_key(9);
+  uint8_t v[100], got[100];
+  fill(v, sizeof(v), 9);
+  assert_int_equal(kvt_tier_put(t, &k, v, sizeof(v)), 0);
+  int ports[16];
+  const int np = our_listen_ports(ports, 16); /* the tier's endpoint among them */
+  assert_true(np > 0);
+  raw atk;
+  raw_open(&atk, NULL, 1);
+  assert_true(f.pid > 0);
+  kill(f.pid, SIGSTOP); /* the GET stays in flight */
+  memset(got, 0xEE, sizeof(got));
+  kvt_tier_op op = {.opcode = KVT_TIER_GET, .key = k, .buf = got, .len = sizeof(got)};
+  kvt_tier_op *ops[1] = {&op};
+  assert_int_equal(kvt_tier_submit(t, ops, 1), 1);
+  for (int p = 0; p < np; p++) {
+    char port[16];
+    snprintf(port, sizeof(port), "%d", ports[p]);
+    assert_int_equal(kvt_fab_av_insert_host(atk.f, "127.0.0.1", port, &atk.to), 0);
+    kvt_proto_msg m;
+    for (uint64_t id = 1; id <= 4; id++)
+      for (uint64_t sl = 0; sl < 2; sl++) {
+        kvt_proto_init(&m, KVT_PROTO_GET | KVT_PROTO_REPLY, id << 16 | sl, 0);
+        m.u.len.len = sizeof(v);
+        (void)raw_try_send(&atk, &m, 300); /* to every port: some are not the tier's */
+      }
+    kvt_proto_init(&m, KVT_PROTO_STATS, 1, 0); /* not a reply at all */
+    (void)raw_try_send(&atk, &m, 300);
+  }
+  kvt_tier_op *done[1];
+  const int n = kvt_tier_poll(t, done, 1, 10000);
+  kill(f.pid, SIGCONT);
+  raw_close(&atk);
+  assert_int_equal(n, 1);
+  assert_int_equal(op.result, -ETIMEDOUT); /* the server never answered */
+  uint64_t len = 0;
+  int rc = -1;
+  for (int i = 0; i < 20 && rc != 0; i++) /* reconnects */
+    rc = kvt_tier_get(t, &k, got, sizeof(got), &len);
+  assert_int_equal(rc, 0);
+  assert_memory_equal(got, v, sizeof(v));
+  kvt_tier_close(t);
+  srv_stop_cleanly(&f, 20);
+}
+
+/* ---- request slots ---- */
+
+/* One session used to be able to hold every request slot of the server: its
+ * first PUT's RMA read stalls (its endpoint never answers), the rest wait
+ * for --max-inflight, each in a slot, and no other client is heard again. */
+static void test_a_stalled_session_does_not_take_every_request_slot(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  srv_set_args(&f, "--tiers", "dram:16MiB", "--tenant", "alice:secret-a", "--tenant",
+               "bob:secret-b", "--max-inflight", "64KiB", NULL);
+  srv_start_or_fail(&f);
+  /* alice's requests go out from a, naming b, which then stops driving its
+   * endpoint: the server's RMA reads from b never complete. */
+  raw a, b;
+  raw_open(&a, &f, 0);
+  raw_open(&b, &f, 0);
+  uint8_t addr[KVT_PROTO_ADDR_MAX];
+  size_t alen = sizeof(addr);
+  assert_int_equal(kvt_fab_getname(b.f, addr, &alen), 0);
+  kvt_fab_ctx rctx = {0};
+  assert_int_equal(
+      kvt_fab_recv(b.f, b.buf + KVT_PROTO_MSG_MAX, KVT_PROTO_MSG_MAX, b.mr.desc, &rctx), 0);
+  kvt_proto_msg m, rep;
+  hello_of(&m, addr, alen, "alice", "secret-a");
+  raw_send(&a, &m);
+  uint64_t session = 0;
+  for (const int64_t end = ms_now() + 5000; !session && ms_now() < end;) {
+    kvt_fab_comp c[4];
+    const int n = kvt_fab_poll(b.f, c, 4);
+    for (int j = 0; j < n; j++)
+      if (c[j].ctx == &rctx && c[j].err == 0 &&
+          kvt_proto_decode(b.buf + KVT_PROTO_MSG_MAX, c[j].len, &rep) == 0)
+        session = rep.h.status == 0 ? rep.h.session : 0;
+    if (n <= 0)
+      kvt_fab_wait(b.f, -1, 1);
+  }
+  assert_true(session != 0);
+  static uint8_t payload[64 << 10];
+  kvt_fab_mr pmr;
+  assert_int_equal(kvt_fab_mr_reg(b.f, payload, sizeof(payload), KVT_FAB_REMOTE_READ, &pmr), 0);
+  for (int i = 0; i < 300; i++) {
+    kvt_proto_init(&m, KVT_PROTO_PUT, 1000 + (uint64_t)i, session);
+    m.u.data.key = peer_key(100 + (uint32_t)i);
+    m.u.data.len = sizeof(payload);
+    m.u.data.rma_addr = kvt_fab_mr_addr(&pmr, payload, 0);
+    m.u.data.rma_key = pmr.key;
+    raw_send(&a, &m);
+  }
+  /* bob is still served. */
+  char spec[256];
+  srv_spec(&f, spec, sizeof(spec), "bob", "secret-b", 3000, NULL);
+  kvt_tier *t = NULL;
+  const int64_t t0 = ms_now();
+  int rc = kvt_tier_open(ctx, spec, &t);
+  const kvt_key k = peer_key(7);
+  uint8_t v[500], got[500];
+  fill(v, sizeof(v), 7);
+  if (rc == 0)
+    rc = kvt_tier_put(t, &k, v, sizeof(v));
+  uint64_t n = 0;
+  if (rc == 0)
+    rc = kvt_tier_get(t, &k, got, sizeof(got), &n);
+  const int64_t took = ms_now() - t0;
+  /* Let the stalled reads go: b's endpoint closes, they fail. */
+  kvt_fab_mr_dereg(&pmr);
+  raw_close(&b);
+  raw_close(&a);
+  assert_int_equal(rc, 0);
+  assert_memory_equal(got, v, sizeof(v));
+  assert_true(took < 3000);
+  kvt_tier_close(t);
+  srv_stop_cleanly(&f, 20);
+}
+
 static int setup(void **state) {
   (void)state;
   return kvt_ctx_create(NULL, &ctx);
@@ -734,18 +1068,31 @@ int main(void) {
     return 77;
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_teardown(test_wrong_token_or_unknown_tenant_is_refused_at_open, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_tenants_cannot_read_delete_or_list_each_others_keys, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_wrong_token_or_unknown_tenant_is_refused_at_open,
+                                srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_tenants_cannot_read_delete_or_list_each_others_keys,
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_oversize_put_is_refused_with_etoobig, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_stats_request_and_prometheus_text, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_eight_clients_at_once_each_get_their_own_bytes, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_stats_fetch_gives_the_servers_counters, srv_kill_leftovers),
+      cmocka_unit_test(test_create_refuses_bad_configs_with_a_detail),
+      cmocka_unit_test(test_a_server_stopped_before_it_runs_returns_at_once),
+      cmocka_unit_test_teardown(test_eight_clients_at_once_each_get_their_own_bytes,
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_list_pages_show_every_held_key_once_while_keys_change,
                                 srv_kill_leftovers),
       cmocka_unit_test_teardown(
           test_malformed_and_unauthenticated_requests_leave_the_server_serving, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_sigterm_exits_0_and_a_restart_has_the_nvme_values, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_dead_server_fails_ops_and_the_same_tier_reconnects, srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_stop_drains_and_a_restart_has_the_nvme_values,
+                                srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_dead_server_fails_ops_and_the_same_tier_reconnects,
+                                srv_kill_leftovers),
+      cmocka_unit_test(test_a_peer_cannot_guess_registration_keys),
+      cmocka_unit_test_teardown(test_a_peer_cannot_read_the_servers_memory, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_forged_replies_are_not_believed, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_hello_floods_do_not_end_another_clients_session,
+                                srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_a_stalled_session_does_not_take_every_request_slot,
+                                srv_kill_leftovers),
   };
   return cmocka_run_group_tests_name("kvtier-server", tests, setup, teardown);
 }

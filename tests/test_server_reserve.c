@@ -7,15 +7,16 @@
  * until the PUT completes; a client that dies mid-transfer leaves the old
  * value and no reserved memory behind; concurrent PUTs of one key leave one
  * whole value; a full DRAM tier refuses (--evict none) or drops (lru) as
- * before; SIGTERM with a transfer in flight exits 0. The server's DRAM
+ * before; a stop with a transfer in flight ends with 0; many keys put,
+ * read and deleted at once under eviction (below). The server's DRAM
  * `used` counts reserved blocks, so the tests read it to see that a PUT
  * took this path and that nothing stays reserved.
  *
  * A "stalled" PUT is sent from a raw endpoint whose HELLO names a second
  * endpoint that then stops driving progress: the server's RMA read from it
  * waits until the test drives it again, or closes it (the read then fails).
- * Runs kvtier-server on 127.0.0.1 (tests/server_fixture.h); skips (77)
- * without it or the provider. */
+ * Runs the server in this process on 127.0.0.1 (tests/fixtures/server_fixture.c);
+ * skips (77) without the provider. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -105,8 +106,8 @@ typedef struct raw {
 static void raw_open(raw *r, const srv_fixture *srv) {
   char err[256], port[16];
   snprintf(port, sizeof(port), "%d", srv->port);
-  kvt_fab_config fc = {.provider = KVT_FAB_DEFAULT_PROVIDER, .peer_node = "127.0.0.1",
-                       .peer_service = port};
+  kvt_fab_config fc = {
+      .provider = KVT_FAB_DEFAULT_PROVIDER, .peer_node = "127.0.0.1", .peer_service = port};
   assert_int_equal(kvt_fab_open(&fc, &r->f, err, sizeof(err)), 0);
   assert_int_equal(kvt_fab_av_insert_host(r->f, "127.0.0.1", port, &r->to), 0);
   r->buf = aligned_alloc(4096, 2 * KVT_PROTO_MSG_MAX);
@@ -156,9 +157,9 @@ typedef struct stalled {
 } stalled;
 
 static void stalled_post_recv(stalled *s) {
-  assert_int_equal(kvt_fab_recv(s->b.f, s->b.buf + KVT_PROTO_MSG_MAX, KVT_PROTO_MSG_MAX,
-                                s->b.mr.desc, &s->rctx),
-                   0);
+  assert_int_equal(
+      kvt_fab_recv(s->b.f, s->b.buf + KVT_PROTO_MSG_MAX, KVT_PROTO_MSG_MAX, s->b.mr.desc, &s->rctx),
+      0);
 }
 
 /* Drives b until the reply to request id arrives; returns its status, or
@@ -170,8 +171,8 @@ static int stalled_wait(stalled *s, uint64_t id, kvt_proto_msg *rep, int timeout
     for (int j = 0; j < n; j++) {
       if (c[j].ctx != &s->rctx)
         continue;
-      const int ok = c[j].err == 0 &&
-                     kvt_proto_decode(s->b.buf + KVT_PROTO_MSG_MAX, c[j].len, rep) == 0;
+      const int ok =
+          c[j].err == 0 && kvt_proto_decode(s->b.buf + KVT_PROTO_MSG_MAX, c[j].len, rep) == 0;
       stalled_post_recv(s);
       if (ok && rep->h.req_id == id)
         return rep->h.status;
@@ -466,7 +467,7 @@ static void test_a_put_whose_client_dies_mid_transfer_leaves_the_old_value(void 
   srv_stop_cleanly(&f, 25);
 }
 
-static void test_sigterm_with_a_put_in_flight_exits_0_and_keeps_the_old_value(void **state) {
+static void test_a_stop_with_a_put_in_flight_ends_0_and_keeps_the_old_value(void **state) {
   (void)state;
   char dir[256], tiers[400];
   assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
@@ -499,11 +500,11 @@ static void test_sigterm_with_a_put_in_flight_exits_0_and_keeps_the_old_value(vo
 }
 
 /* A GET served in place whose client stops reading keeps its value lent; a
- * PUT of that key then waits on a worker for the reader. SIGTERM must still
- * exit: the drain gives up on the GET after 10 s, and the loan has to go
+ * PUT of that key then waits on a worker for the reader. A stop (SIGTERM in
+ * the program) must still end: the drain gives up on the GET after 10 s, and the loan has to go
  * back before the workers are joined (it went back after, and the exit
  * hung). */
-static void test_sigterm_with_a_stuck_get_and_a_waiting_put_exits_0(void **state) {
+static void test_a_stop_with_a_stuck_get_and_a_waiting_put_ends_0(void **state) {
   (void)state;
   srv_fixture f = {0};
   srv_set_args(&f, "--tiers", "dram:64MiB", NULL);
@@ -540,7 +541,7 @@ static void test_sigterm_with_a_stuck_get_and_a_waiting_put_exits_0(void **state
   kvt_tier_close(t);
 
   const int64_t t0 = ms_now();
-  srv_stop_cleanly(&f, 25); /* fails if the server does not exit 0 within 20 s */
+  srv_stop_cleanly(&f, 25); /* fails if the server does not end with 0 within 25 s */
   assert_true(ms_now() - t0 < 20000);
   stalled_close(&s);
   free(v);
@@ -619,7 +620,7 @@ static void *reader_main(void *arg) {
     while (!atomic_load(&sh->stop)) {
       uint64_t len = 0;
       const int rc = kvt_tier_get(t, &shared_key, got, V_MAX, &len);
-      const char *why = rc == 0 ? v_check(sh, got, len, scratch)
+      const char *why = rc == 0               ? v_check(sh, got, len, scratch)
                         : rc == KVT_ENOTFOUND ? NULL
                                               : "a GET failed";
       if (why) {
@@ -903,6 +904,273 @@ static void test_a_full_dram_tier_with_evict_lru_keeps_taking_puts(void **state)
   srv_stop_cleanly(&f, 25);
 }
 
+/* ---- many keys under eviction ----
+ *
+ * Many keys put, read and deleted at once on a small DRAM tier with
+ * --evict lru, so that reservations, evictions (of values, or of copies in
+ * front of NVMe), DELs and GETs served in place all overlap. What must
+ * hold: every GET returns NOT_FOUND or exactly a value once put under that
+ * key; PUTs fail only with -ENOSPC; once quiet, the DRAM tier holds exactly
+ * the values indexed (nothing stays reserved); with NVMe below, a restart
+ * serves the same values. */
+
+#define MIX_NK 12 /* keys */
+#define MIX_V_HEAD 16
+#define MIX_V_MAX (700u << 10)
+#define MIX_WRITERS 3
+#define MIX_READERS 2
+
+static kvt_key mix_key(uint32_t k) {
+  kvt_key key;
+  memset(&key, 0x5A, sizeof(key));
+  memcpy(key.bytes, &k, 4);
+  return key;
+}
+
+static uint64_t mix_len(uint32_t k, uint32_t ver) {
+  return MIX_V_HEAD + ((uint64_t)k * 40009 + (uint64_t)ver * 977 * 1031) % (MIX_V_MAX - MIX_V_HEAD);
+}
+
+static void mix_make(uint8_t *p, uint32_t k, uint32_t ver) {
+  const uint64_t n = mix_len(k, ver);
+  memcpy(p, &k, 4);
+  memcpy(p + 4, &ver, 4);
+  memcpy(p + 8, &n, 8);
+  fill(p + MIX_V_HEAD, n - MIX_V_HEAD, ((uint64_t)k << 32) | ver);
+}
+
+typedef struct mix_shared {
+  char spec[256];
+  atomic_int stop;
+  atomic_uint version[MIX_NK]; /* highest version of each key handed to a writer */
+  atomic_ulong gets_ok, puts_ok, puts_full, dels;
+  pthread_mutex_t mu;
+  const char *wrong;
+} mix_shared;
+
+static void mix_set_wrong(mix_shared *sh, const char *why) {
+  pthread_mutex_lock(&sh->mu);
+  if (!sh->wrong)
+    sh->wrong = why;
+  pthread_mutex_unlock(&sh->mu);
+  atomic_store(&sh->stop, 1);
+}
+
+/* NULL when got is a whole value once put under key k. */
+static const char *mix_check(mix_shared *sh, uint32_t k, const uint8_t *got, uint64_t len,
+                             uint8_t *scratch) {
+  uint32_t gk, ver;
+  uint64_t n;
+  if (len < MIX_V_HEAD)
+    return "short value";
+  memcpy(&gk, got, 4);
+  memcpy(&ver, got + 4, 4);
+  memcpy(&n, got + 8, 8);
+  if (gk != k)
+    return "another key's value";
+  if (ver == 0 || ver > atomic_load(&sh->version[k]))
+    return "a version never put";
+  if (len != n || len != mix_len(k, ver))
+    return "wrong length for its version";
+  mix_make(scratch, k, ver);
+  return memcmp(scratch, got, len) ? "bytes differ from what was put" : NULL;
+}
+
+typedef struct mix_worker {
+  mix_shared *sh;
+  uint32_t id;
+} mix_worker;
+
+static uint32_t mix_rnd(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return (uint32_t)(*s >> 11);
+}
+
+static void *mix_writer_main(void *arg) {
+  mix_worker *w = arg;
+  mix_shared *sh = w->sh;
+  kvt_ctx *own = NULL;
+  kvt_tier *t = NULL;
+  uint8_t *buf = malloc(MIX_V_MAX);
+  uint64_t s = 0x1234567ull + w->id * 7919;
+  if (!buf || kvt_ctx_create(NULL, &own) || kvt_tier_open(own, sh->spec, &t)) {
+    mix_set_wrong(sh, "writer: open");
+    goto out;
+  }
+  while (!atomic_load(&sh->stop)) {
+    const uint32_t k = mix_rnd(&s) % MIX_NK;
+    const kvt_key key = mix_key(k);
+    if (w->id == 0 && mix_rnd(&s) % 8 == 0) { /* DELs now and then */
+      const int rc = kvt_tier_del(t, &key);
+      if (rc != 0 && rc != KVT_ENOTFOUND) {
+        mix_set_wrong(sh, "a DEL failed");
+        break;
+      }
+      atomic_fetch_add(&sh->dels, 1);
+      continue;
+    }
+    const uint32_t ver = atomic_fetch_add(&sh->version[k], 1) + 1;
+    mix_make(buf, k, ver);
+    const int rc = kvt_tier_put(t, &key, buf, mix_len(k, ver));
+    if (rc == -ENOSPC) {
+      atomic_fetch_add(&sh->puts_full, 1);
+    } else if (rc != 0) {
+      mix_set_wrong(sh, "a PUT failed other than -ENOSPC");
+      break;
+    } else {
+      atomic_fetch_add(&sh->puts_ok, 1);
+    }
+  }
+out:
+  kvt_tier_close(t);
+  kvt_ctx_destroy(own);
+  free(buf);
+  return NULL;
+}
+
+static void *mix_reader_main(void *arg) {
+  mix_worker *w = arg;
+  mix_shared *sh = w->sh;
+  kvt_ctx *own = NULL;
+  kvt_tier *t = NULL;
+  uint8_t *got = malloc(MIX_V_MAX), *scratch = malloc(MIX_V_MAX);
+  uint64_t s = 0x7654321ull + w->id * 104729;
+  if (!got || !scratch || kvt_ctx_create(NULL, &own) || kvt_tier_open(own, sh->spec, &t)) {
+    mix_set_wrong(sh, "reader: open");
+  } else {
+    while (!atomic_load(&sh->stop)) {
+      const uint32_t k = mix_rnd(&s) % MIX_NK;
+      const kvt_key key = mix_key(k);
+      uint64_t len = 0;
+      const int rc = kvt_tier_get(t, &key, got, MIX_V_MAX, &len);
+      const char *why = rc == 0               ? mix_check(sh, k, got, len, scratch)
+                        : rc == KVT_ENOTFOUND ? NULL
+                                              : "a GET failed";
+      if (why) {
+        mix_set_wrong(sh, why);
+        break;
+      }
+      atomic_fetch_add(&sh->gets_ok, rc == 0);
+    }
+  }
+  kvt_tier_close(t);
+  kvt_ctx_destroy(own);
+  free(got);
+  free(scratch);
+  return NULL;
+}
+
+static void run_mix(mix_shared *sh, const srv_fixture *f, int ms) {
+  memset(sh, 0, sizeof(*sh));
+  pthread_mutex_init(&sh->mu, NULL);
+  srv_spec(f, sh->spec, sizeof(sh->spec), "default", "", 10000, NULL);
+  mix_worker w[MIX_WRITERS + MIX_READERS];
+  pthread_t th[MIX_WRITERS + MIX_READERS];
+  for (int i = 0; i < MIX_WRITERS + MIX_READERS; i++) {
+    w[i] = (mix_worker){.sh = sh, .id = (uint32_t)(i < MIX_WRITERS ? i : i - MIX_WRITERS)};
+    assert_int_equal(
+        pthread_create(&th[i], NULL, i < MIX_WRITERS ? mix_writer_main : mix_reader_main, &w[i]),
+        0);
+  }
+  const int64_t t0 = ms_now();
+  while (!atomic_load(&sh->stop) && ms_now() - t0 < 60000 &&
+         (ms_now() - t0 < ms || atomic_load(&sh->gets_ok) < 50 || atomic_load(&sh->puts_ok) < 50))
+    sleep_ms(20);
+  atomic_store(&sh->stop, 1);
+  for (int i = 0; i < MIX_WRITERS + MIX_READERS; i++)
+    pthread_join(th[i], NULL);
+  pthread_mutex_destroy(&sh->mu);
+  print_message("%lu PUTs (%lu refused: full), %lu DELs, %lu GETs checked\n",
+                (unsigned long)atomic_load(&sh->puts_ok),
+                (unsigned long)atomic_load(&sh->puts_full), (unsigned long)atomic_load(&sh->dels),
+                (unsigned long)atomic_load(&sh->gets_ok));
+  if (sh->wrong)
+    fail_msg("%s", sh->wrong);
+}
+
+/* Reads every key: each NOT_FOUND or valid; lens[k] its length (UINT64_MAX:
+ * absent), data[k] its bytes. Returns the DRAM bytes those values hold. */
+static uint64_t snapshot(mix_shared *sh, const srv_fixture *f, uint64_t lens[MIX_NK],
+                         uint8_t *data) {
+  kvt_tier *t;
+  char spec[256];
+  srv_spec(f, spec, sizeof(spec), "default", "", 10000, NULL);
+  assert_int_equal(kvt_tier_open(ctx, spec, &t), 0);
+  uint8_t *scratch = malloc(MIX_V_MAX);
+  assert_non_null(scratch);
+  uint64_t sum = 0;
+  for (uint32_t k = 0; k < MIX_NK; k++) {
+    const kvt_key key = mix_key(k);
+    uint64_t len = 0;
+    const int rc = kvt_tier_get(t, &key, data + (size_t)k * MIX_V_MAX, MIX_V_MAX, &len);
+    if (rc == KVT_ENOTFOUND) {
+      lens[k] = UINT64_MAX;
+      continue;
+    }
+    assert_int_equal(rc, 0);
+    const char *why = mix_check(sh, k, data + (size_t)k * MIX_V_MAX, len, scratch);
+    if (why)
+      fail_msg("key %u after the run: %s", k, why);
+    lens[k] = len;
+    sum += held(len);
+  }
+  free(scratch);
+  kvt_tier_close(t);
+  return sum;
+}
+
+static void test_many_keys_with_evict_lru_on_one_dram_tier(void **state) {
+  (void)state;
+  srv_fixture f = {0};
+  srv_set_args(&f, "--tiers", "dram:4MiB", "--evict", "lru", NULL);
+  srv_start_or_fail(&f);
+  static mix_shared sh;
+  run_mix(&sh, &f, 3000);
+  uint64_t lens[MIX_NK];
+  uint8_t *data = malloc((size_t)MIX_NK * MIX_V_MAX);
+  assert_non_null(data);
+  const uint64_t sum = snapshot(&sh, &f, lens, data);
+  /* One tier: its `used` is the server's capacity use; nothing reserved is left. */
+  assert_int_equal(srv_stat(&f, "used_bytes"), sum);
+  assert_int_equal(srv_stat(&f, "errors_total"), 0);
+  const uint64_t ev = srv_stat(&f, "evictions_total");
+  print_message("%llu values dropped for room\n", (unsigned long long)ev);
+  assert_true(ev > 0 && ev != UINT64_MAX); /* the mix did overlap evictions */
+  free(data);
+  srv_stop_cleanly(&f, 25);
+}
+
+static void test_many_keys_with_evict_lru_on_dram_and_nvme_survive_a_restart(void **state) {
+  (void)state;
+  char dir[256], tiers[400];
+  assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(tiers, sizeof(tiers), "dram:3MiB;nvme:%s:4MiB", dir);
+  srv_fixture f = {0};
+  srv_set_args(&f, "--tiers", tiers, "--evict", "lru", NULL);
+  srv_start_or_fail(&f);
+  static mix_shared sh;
+  run_mix(&sh, &f, 3000);
+  uint64_t lens[MIX_NK], lens2[MIX_NK];
+  uint8_t *data = malloc((size_t)MIX_NK * MIX_V_MAX), *data2 = malloc((size_t)MIX_NK * MIX_V_MAX);
+  assert_true(data && data2);
+  (void)snapshot(&sh, &f, lens, data);
+  assert_int_equal(srv_stat(&f, "errors_total"), 0);
+  srv_stop_cleanly(&f, 25);
+  srv_start_or_fail(&f);
+  (void)snapshot(&sh, &f, lens2, data2);
+  for (uint32_t k = 0; k < MIX_NK; k++) {
+    assert_int_equal(lens2[k], lens[k]);
+    if (lens[k] != UINT64_MAX)
+      assert_memory_equal(data2 + (size_t)k * MIX_V_MAX, data + (size_t)k * MIX_V_MAX, lens[k]);
+  }
+  free(data);
+  free(data2);
+  srv_stop_cleanly(&f, 25);
+  srv_rmdir(dir);
+}
+
 static int setup(void **state) {
   (void)state;
   return kvt_ctx_create(NULL, &ctx);
@@ -925,12 +1193,16 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_reserved_puts_round_trip_on_a_dram_server, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_reserved_puts_on_dram_nvme_are_durable_and_cached,
                                 srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_get_and_del_while_a_replacement_is_in_flight, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_get_and_del_while_a_replacement_is_in_flight,
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_a_put_whose_client_dies_mid_transfer_leaves_the_old_value,
                                 srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_sigterm_with_a_stuck_get_and_a_waiting_put_exits_0,
+      cmocka_unit_test_teardown(test_a_stop_with_a_stuck_get_and_a_waiting_put_ends_0,
                                 srv_kill_leftovers),
-      cmocka_unit_test_teardown(test_sigterm_with_a_put_in_flight_exits_0_and_keeps_the_old_value,
+      cmocka_unit_test_teardown(test_a_stop_with_a_put_in_flight_ends_0_and_keeps_the_old_value,
+                                srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_many_keys_with_evict_lru_on_one_dram_tier, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_many_keys_with_evict_lru_on_dram_and_nvme_survive_a_restart,
                                 srv_kill_leftovers),
       cmocka_unit_test_teardown(test_replacing_a_value_while_gets_run_never_returns_wrong_bytes,
                                 srv_kill_leftovers),

@@ -128,6 +128,13 @@ static int tier_create(kvt_ctx *ctx, const kvt_tier_backend *be, const char *spe
   return 0;
 }
 
+int kvt_tier_scheme_known(const char *name, size_t len) {
+  for (size_t i = 0; i < sizeof(registry) / sizeof(registry[0]); i++)
+    if (strlen(registry[i]->scheme) == len && strncmp(registry[i]->scheme, name, len) == 0)
+      return 1;
+  return 0;
+}
+
 int kvt_tier_open(kvt_ctx *ctx, const char *spec, kvt_tier **out) {
   if (!ctx || !spec || !out)
     return -EINVAL;

@@ -21,6 +21,10 @@ extern const kvt_tier_backend kvt_tier_backend_fabric; /* tiers/tier_fabric.c */
 extern const kvt_tier_backend kvt_tier_backend_fault; /* tiers/tier_fault.c */
 extern const kvt_tier_backend kvt_tier_backend_trace; /* tiers/tier_trace.c */
 
+/* Whether name[0..len) is the scheme of a compiled-in backend: for spec
+ * parsers that split lists of specs ("dram:4GiB;nvme:..."). */
+int kvt_tier_scheme_known(const char *name, size_t len);
+
 /* The context a tier was opened with (for decorators opening inner tiers,
  * and for error detail). */
 kvt_ctx *kvt_tier_ctx(kvt_tier *tier);

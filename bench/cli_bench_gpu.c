@@ -365,15 +365,19 @@ static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *
 
 static int run_size(gbench *g, const char *spec_text, const gsize *z, grow *out) {
   kvt_gpu_store_params sp[8];
+  kvt_encode_params ep[8];
   size_t len[8];
   for (uint32_t j = 0; j < z->payloads; j++) {
-    kvt_gpu_store_params p = KVT_GPU_STORE_PARAMS_INIT;
-    int rc = kvt_codec_parse(g->ctx, spec_text, &p.encode.spec);
+    kvt_encode_params e = KVT_ENCODE_PARAMS_INIT;
+    int rc = kvt_codec_parse(g->ctx, spec_text, &e.spec);
     if (rc)
       return kv_fail(g, spec_text, rc);
-    memset(p.encode.key.bytes, (int)j + 1, 16);
-    p.encode.model_layers = LAYERS;
-    p.encode.token_begin = j * z->tokens;
+    memset(e.key.bytes, (int)j + 1, 16);
+    e.model_layers = LAYERS;
+    e.token_begin = j * z->tokens;
+    ep[j] = e;
+    kvt_gpu_store_params p = KVT_GPU_STORE_PARAMS_INIT;
+    p.encode = &ep[j];
     p.layer_count = z->layers;
     p.tokens = z->tokens;
     p.slots = g->slots + (size_t)j * z->tokens;

@@ -231,8 +231,8 @@ int proj_codecs_resolve(const char *cmd, kvt_ctx *ctx, const proj_multi *given,
 int proj_links_resolve(const char *cmd, const proj_multi *given, int skip_hbm, proj_links *out) {
   out->n = 0;
   if (!given->n) {
-    for (size_t i = 0; kvt_link_preset(i) && out->n < PROJ_MAX_LINKS; i++) {
-      const kvt_link *l = kvt_link_preset(i);
+    for (size_t i = 0; kvt_model_link_preset(i) && out->n < PROJ_MAX_LINKS; i++) {
+      const kvt_model_link *l = kvt_model_link_preset(i);
       if (!skip_hbm || strncmp(l->name, "hbm", 3) != 0)
         out->l[out->n++] = *l;
     }
@@ -240,9 +240,9 @@ int proj_links_resolve(const char *cmd, const proj_multi *given, int skip_hbm, p
   }
   for (size_t i = 0; i < given->n; i++) {
     const char *v = given->v[i], *eq = strchr(v, '=');
-    kvt_link *l = &out->l[out->n];
+    kvt_model_link *l = &out->l[out->n];
     if (!eq) {
-      const kvt_link *p = kvt_link_find(v);
+      const kvt_model_link *p = kvt_model_link_find(v);
       if (!p)
         return cli_usage_error(cmd, "--link %s: not a preset ('kvtier project --list'); "
                                     "write NAME=GB/s for another link", v);
@@ -321,32 +321,32 @@ static void print_list(void) {
            m.params / 1e9, m.max_context, m.mla ? "  (MLA: RoPE key + latent)" : "");
   }
   printf("\n%-14s %8s  %s\n", "link", "GB/s", "what");
-  for (size_t i = 0; kvt_link_preset(i); i++)
-    printf("%-14s %8.0f  %s\n", kvt_link_preset(i)->name, kvt_link_preset(i)->GBps,
-           kvt_link_preset(i)->what);
+  for (size_t i = 0; kvt_model_link_preset(i); i++)
+    printf("%-14s %8.0f  %s\n", kvt_model_link_preset(i)->name, kvt_model_link_preset(i)->GBps,
+           kvt_model_link_preset(i)->what);
 }
 
 /* Everything `project` prints for one model. */
 int proj_compute(kvt_ctx *ctx, const kvt_model_arch *m, const proj_codecs *codecs,
-                 const kvt_projection_config *cfg, proj_result *out) {
+                 const kvt_model_projection_config *cfg, proj_result *out) {
   kvt_codec_spec raw;
-  kvt_kv_rate raw_rate = KVT_KV_RATE_INIT;
+  kvt_model_kv_rate raw_rate = KVT_MODEL_KV_RATE_INIT;
   int rc = kvt_codec_parse(ctx, "raw", &raw);
-  if (rc || (rc = kvt_kv_rate_get(ctx, m, &raw, &raw_rate)) != 0)
+  if (rc || (rc = kvt_model_kv_rate_get(ctx, m, &raw, &raw_rate)) != 0)
     return rc;
-  const double raw_seq = kvt_kv_seq_bytes(&raw_rate, cfg->context);
+  const double raw_seq = kvt_model_seq_bytes(&raw_rate, cfg->context);
   out->weight_bytes = kvt_model_weight_bytes(m);
   for (size_t i = 0; i < codecs->n; i++) {
     proj_codec_result *c = &out->c[i];
     c->rate.struct_size = sizeof(c->rate);
-    if ((rc = kvt_kv_rate_get(ctx, m, &codecs->spec[i], &c->rate)) != 0 ||
-        (rc = kvt_project(ctx, &c->rate, cfg, &c->pr)) != 0)
+    if ((rc = kvt_model_kv_rate_get(ctx, m, &codecs->spec[i], &c->rate)) != 0 ||
+        (rc = kvt_model_project(ctx, &c->rate, cfg, &c->pr)) != 0)
       return rc;
     c->r = c->pr.seq_bytes / raw_seq;
     c->f = c->pr.step_bytes / (c->pr.step_bytes + out->weight_bytes);
     /* f of the uncompressed step: the Amdahl bound is against raw KV */
     const double f_raw = cfg->batch * raw_seq / (cfg->batch * raw_seq + out->weight_bytes);
-    c->bound = kvt_amdahl_bound(f_raw, c->r);
+    c->bound = kvt_model_amdahl_bound(f_raw, c->r);
   }
   return 0;
 }
@@ -366,7 +366,7 @@ static void fmt_short(char *buf, size_t cap, double s) {
 
 static void print_model_text(const kvt_model_arch *m, const proj_codecs *codecs,
                              const proj_result *res, const proj_links *links,
-                             const kvt_projection_config *cfg, int weights) {
+                             const kvt_model_projection_config *cfg, int weights) {
   printf("%s: %u layers, %u KV head%s, head dim %u", m->name, m->layers, m->kv_heads,
          m->kv_heads == 1 ? "" : "s", m->k_dim);
   if (m->v_dim && m->v_dim != m->k_dim)
@@ -387,7 +387,7 @@ static void print_model_text(const kvt_model_arch *m, const proj_codecs *codecs,
   for (size_t i = 0; i < codecs->n; i++) {
     const proj_codec_result *c = &res->c[i];
     printf("%-14s %7.3f %11.0f %10.2f %11.2f %6.3f", codecs->name[i],
-           kvt_kv_bytes_per_element(&c->rate), c->pr.bytes_per_token, c->pr.step_bytes / 1e9,
+           kvt_model_bytes_per_element(&c->rate), c->pr.bytes_per_token, c->pr.step_bytes / 1e9,
            c->pr.required_Bps / 1e12, c->r);
     if (weights)
       printf(" %10.2f %6.3f %7.2fx", res->weight_bytes / 1e9, c->f, c->bound);
@@ -404,7 +404,8 @@ static void print_model_text(const kvt_model_arch *m, const proj_codecs *codecs,
     printf("%-14s %7.0f", links->l[j].name, links->l[j].GBps);
     for (size_t i = 0; i < codecs->n; i++) {
       char s[24], t[24];
-      fmt_short(s, sizeof(s), kvt_shortfall(res->c[i].pr.required_Bps, links->l[j].GBps * 1e9));
+      fmt_short(s, sizeof(s),
+                kvt_model_shortfall(res->c[i].pr.required_Bps, links->l[j].GBps * 1e9));
       fmt_tokens(t, sizeof(t), res->c[i].max_ctx[j]);
       printf(" | %7s %10s", s, t);
     }
@@ -438,7 +439,7 @@ static void print_model_json(const kvt_model_arch *m, const proj_codecs *codecs,
     printf("%s{\"codec\":", i ? "," : "");
     cli_json_str(stdout, codecs->name[i]);
     printf(",");
-    json_num("bytes_per_element", kvt_kv_bytes_per_element(&c->rate), 1);
+    json_num("bytes_per_element", kvt_model_bytes_per_element(&c->rate), 1);
     json_num("full_bytes_per_token", c->rate.full_bytes, 1);
     json_num("window_bytes_per_token", c->rate.window_bytes, 1);
     json_num("bytes_per_token", c->pr.bytes_per_token, 1);
@@ -456,7 +457,7 @@ static void print_model_json(const kvt_model_arch *m, const proj_codecs *codecs,
       cli_json_str(stdout, links->l[j].name);
       printf(",");
       json_num("GBps", links->l[j].GBps, 1);
-      json_num("shortfall", kvt_shortfall(c->pr.required_Bps, links->l[j].GBps * 1e9), 1);
+      json_num("shortfall", kvt_model_shortfall(c->pr.required_Bps, links->l[j].GBps * 1e9), 1);
       json_num("max_context", c->max_ctx[j], 0);
       printf("}");
     }
@@ -496,7 +497,7 @@ static int project_parse(int *argc, char **argv, proj_args *a, proj_multi *model
 /* The whole projection: models x codecs x links. */
 static int project_run(kvt_ctx *ctx, const proj_args *a, const proj_models *models,
                        const proj_codecs *codecs, const proj_links *links,
-                       const kvt_projection_config *cfg) {
+                       const kvt_model_projection_config *cfg) {
   static proj_result res[PROJ_MAX_MODELS]; /* large: not on the stack */
   for (size_t k = 0; k < models->n; k++) {
     int rc = proj_compute(ctx, &models->m[k], codecs, cfg, &res[k]);
@@ -504,8 +505,8 @@ static int project_run(kvt_ctx *ctx, const proj_args *a, const proj_models *mode
       return proj_fail("project", ctx, rc, models->m[k].name);
     for (size_t i = 0; i < codecs->n; i++)
       for (size_t j = 0; j < links->n; j++)
-        kvt_max_context(ctx, &res[k].c[i].rate, cfg, links->l[j].GBps * 1e9,
-                        &res[k].c[i].max_ctx[j]);
+        kvt_model_max_context(ctx, &res[k].c[i].rate, cfg, links->l[j].GBps * 1e9,
+                              &res[k].c[i].max_ctx[j]);
   }
   if (a->json) {
     printf("{\"batch\":%.17g,\"context\":%.17g,\"step_ms\":%.17g,\"spec_k\":%.17g,\"models\":[",
@@ -569,7 +570,7 @@ int cli_project_main(int argc, char **argv) {
     print_list();
     return CLI_OK;
   }
-  kvt_projection_config cfg = KVT_PROJECTION_CONFIG_INIT;
+  kvt_model_projection_config cfg = KVT_MODEL_PROJECTION_CONFIG_INIT;
   cfg.batch = a.batch;
   cfg.step_ms = a.step_ms;
   cfg.spec_k = a.spec_k;

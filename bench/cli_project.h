@@ -50,14 +50,14 @@ typedef struct proj_codecs {
 } proj_codecs;
 
 typedef struct proj_links {
-  kvt_link l[PROJ_MAX_LINKS];
+  kvt_model_link l[PROJ_MAX_LINKS];
   char names[PROJ_MAX_LINKS][32]; /* of links given as NAME=GB/s */
   size_t n;
 } proj_links;
 
 typedef struct proj_codec_result {
-  kvt_kv_rate rate;
-  kvt_projection pr;
+  kvt_model_kv_rate rate;
+  kvt_model_projection pr;
   double r;     /* KV bytes vs raw at the context */
   double f;     /* KV fraction of the step's bytes, this codec */
   double bound; /* Amdahl bound vs raw KV */
@@ -97,12 +97,12 @@ int proj_context(const char *cmd, const char *text, double *out);
 /* Rates, projections and Amdahl bounds of one model for every codec (not
  * max_ctx). Returns 0 or a library error with detail in ctx. */
 int proj_compute(kvt_ctx *ctx, const kvt_model_arch *m, const proj_codecs *codecs,
-                 const kvt_projection_config *cfg, proj_result *out);
+                 const kvt_model_projection_config *cfg, proj_result *out);
 
 /* Writes the plots to path atomically. 0 or an exit code. */
 int proj_svg_write(kvt_ctx *ctx, const char *path, const proj_models *models,
                    const proj_codecs *codecs, const proj_links *links,
-                   const kvt_projection_config *cfg);
+                   const kvt_model_projection_config *cfg);
 
 int proj_breakeven_main(int argc, char **argv);
 int proj_fit_main(int argc, char **argv);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli_project.h"
+#include "curve_fit.h"
 #include "model_json.h"
 
 static const char breakeven_help[] =
@@ -101,7 +102,7 @@ int proj_breakeven_main(int argc, char **argv) {
     return cli_usage_error(cmd, "--base and --new are both required");
   if (parse_pair(base, &ba, &bb) || parse_pair(next, &na, &nb))
     return cli_usage_error(cmd, "expected SLOPE,INTERCEPT (ms per token, ms)");
-  if (kvt_itl_breakeven(ba, bb, na, nb, &t) != 0)
+  if (curve_itl_breakeven(ba, bb, na, nb, &t) != 0)
     return cli_usage_error(cmd, "equal slopes: the lines never cross");
   print_crossing("base", "new", ba, na, t, json);
   if (json)
@@ -246,7 +247,7 @@ static int one_file(const char *cmd, int argc, char **argv, int *json, const cha
   return 0;
 }
 
-static void print_fits(const series_set *set, const kvt_line_fit *f, int json) {
+static void print_fits(const series_set *set, const curve_line_fit *f, int json) {
   if (json)
     printf("{\"fits\":[");
   else
@@ -267,7 +268,7 @@ static void print_fits(const series_set *set, const kvt_line_fit *f, int json) {
     printf("],\"breakeven\":[");
   for (size_t i = 1; i < set->n; i++) {
     double t;
-    if (kvt_itl_breakeven(f[0].slope, f[0].intercept, f[i].slope, f[i].intercept, &t) != 0) {
+    if (curve_itl_breakeven(f[0].slope, f[0].intercept, f[i].slope, f[i].intercept, &t) != 0) {
       if (!json)
         printf("%s vs %s: equal slopes, no break-even\n", set->s[i].name, set->s[0].name);
       continue;
@@ -293,12 +294,13 @@ int proj_fit_main(int argc, char **argv) {
   static const char *const yk[] = {"itl_ms", "itl", NULL};
   series_set set;
   memset(&set, 0, sizeof(set));
-  kvt_line_fit f[MAX_SERIES];
+  curve_line_fit f[MAX_SERIES];
   rc = read_jsonl(ctx, file, xk, yk, &set);
   for (size_t i = 0; rc == 0 && i < set.n; i++) {
-    const int err = kvt_fit_line(ctx, set.s[i].x, set.s[i].y, set.s[i].n, &f[i]);
+    char why[128];
+    const int err = curve_fit_line(set.s[i].x, set.s[i].y, set.s[i].n, &f[i], why, sizeof(why));
     if (err) {
-      cli_error("%s: series '%s': %s", file, set.s[i].name, kvt_ctx_last_error(ctx));
+      cli_error("%s: series '%s': %s", file, set.s[i].name, why);
       rc = CLI_EPAYLOAD;
     }
   }
@@ -311,8 +313,8 @@ int proj_fit_main(int argc, char **argv) {
 
 /* --- saturation ----------------------------------------------------------- */
 
-static void print_hill(const kvt_hill_fit *h, double batch, int json) {
-  const double s = batch > 0 ? kvt_hill(h->smax, h->bhalf, h->gamma, batch) : NAN;
+static void print_hill(const curve_hill_fit *h, double batch, int json) {
+  const double s = batch > 0 ? curve_hill(h->smax, h->bhalf, h->gamma, batch) : NAN;
   if (json) {
     printf("{\"smax\":%.17g,\"bhalf\":%.17g,\"gamma\":%.17g,", h->smax, h->bhalf, h->gamma);
     printf(isnan(h->r2) ? "\"r2\":null," : "\"r2\":%.17g,", h->r2);
@@ -343,7 +345,7 @@ int proj_saturation_main(int argc, char **argv) {
   int rc = one_file(cmd, argc, argv, &json, &file, extra, 4, saturation_help, 1);
   if (rc)
     return rc == CLI_HELP ? CLI_OK : rc;
-  kvt_hill_fit h;
+  curve_hill_fit h;
   memset(&h, 0, sizeof(h));
   if (!file) {
     if (!smax || !bhalf || !gamma)
@@ -352,8 +354,8 @@ int proj_saturation_main(int argc, char **argv) {
     h.bhalf = bhalf;
     h.gamma = gamma;
     h.r2 = NAN;
-    h.batch80 = kvt_hill_batch_at(bhalf, gamma, 0.80);
-    h.batch95 = kvt_hill_batch_at(bhalf, gamma, 0.95);
+    h.batch80 = curve_hill_batch_at(bhalf, gamma, 0.80);
+    h.batch95 = curve_hill_batch_at(bhalf, gamma, 0.95);
     print_hill(&h, batch, json);
     return CLI_OK;
   }
@@ -371,8 +373,9 @@ int proj_saturation_main(int argc, char **argv) {
     cli_error("%s: one series expected, found %zu", file, set.n);
     rc = CLI_EPAYLOAD;
   }
-  if (rc == 0 && kvt_fit_hill(ctx, set.s[0].x, set.s[0].y, set.s[0].n, &h) != 0) {
-    cli_error("%s: %s", file, kvt_ctx_last_error(ctx));
+  char why[128];
+  if (rc == 0 && curve_fit_hill(set.s[0].x, set.s[0].y, set.s[0].n, &h, why, sizeof(why)) != 0) {
+    cli_error("%s: %s", file, why);
     rc = CLI_EPAYLOAD;
   }
   if (rc == 0)
@@ -416,8 +419,8 @@ static int efficiencies(const char *cmd, const proj_multi *measured, const proj_
 }
 
 static void advise_text(const kvt_model_arch *m, const proj_codecs *codecs,
-                        const kvt_advice *adv, const proj_links *links, const double *eff,
-                        const kvt_advice_config *c) {
+                        const kvt_model_advice *adv, const proj_links *links, const double *eff,
+                        const kvt_model_advice_config *c) {
   printf("%s: context %.0f, batch %.0f, %.1f GiB of HBM free; prefill %.3g TFLOP = %.2f s\n",
          m->name, c->context, c->batch, c->hbm_free_bytes / 1073741824.0,
          adv[0].prefill_flops / 1e12, adv[0].prefill_s);
@@ -435,7 +438,7 @@ static void advise_text(const kvt_model_arch *m, const proj_codecs *codecs,
   for (size_t j = 0; j < links->n; j++) {
     printf("%-14s %8.0f %5.2f", links->l[j].name, links->l[j].GBps, eff[j]);
     for (size_t i = 0; i < codecs->n; i++) {
-      const double t = kvt_restore_seconds(adv[i].seq_bytes, links->l[j].GBps * 1e9, eff[j]);
+      const double t = kvt_model_restore_seconds(adv[i].seq_bytes, links->l[j].GBps * 1e9, eff[j]);
       printf(" | %8.3f %8.3f", t, adv[i].prefill_s - t);
     }
     printf("\n");
@@ -443,7 +446,7 @@ static void advise_text(const kvt_model_arch *m, const proj_codecs *codecs,
 }
 
 static void advise_json(const kvt_model_arch *m, const proj_codecs *codecs,
-                        const kvt_advice *adv, const proj_links *links, const double *eff) {
+                        const kvt_model_advice *adv, const proj_links *links, const double *eff) {
   printf("{\"model\":");
   cli_json_str(stdout, m->name);
   printf(",\"prefill_flops\":%.17g,\"prefill_s\":%.17g,\"codecs\":[", adv[0].prefill_flops,
@@ -454,7 +457,7 @@ static void advise_json(const kvt_model_arch *m, const proj_codecs *codecs,
     printf(",\"seq_bytes\":%.17g,\"sequences_fit\":%.17g,\"batch_fits\":%s,\"links\":[",
            adv[i].seq_bytes, adv[i].sequences_fit, adv[i].batch_fits ? "true" : "false");
     for (size_t j = 0; j < links->n; j++) {
-      const double t = kvt_restore_seconds(adv[i].seq_bytes, links->l[j].GBps * 1e9, eff[j]);
+      const double t = kvt_model_restore_seconds(adv[i].seq_bytes, links->l[j].GBps * 1e9, eff[j]);
       printf("%s{\"link\":", j ? "," : "");
       cli_json_str(stdout, links->l[j].name);
       printf(",\"GBps\":%.17g,\"efficiency\":%.17g,\"restore_s\":%.17g,\"saved_s\":%.17g}",
@@ -498,17 +501,17 @@ static int advise_parse(int *argc, char **argv, advise_args *a, proj_multi *mn, 
 
 static int advise_run(kvt_ctx *ctx, const advise_args *a, const proj_models *models,
                       const proj_codecs *codecs, const proj_links *links, const double *eff,
-                      const kvt_advice_config *c) {
+                      const kvt_model_advice_config *c) {
   if (a->json)
     printf("{\"batch\":%.17g,\"context\":%.17g,\"hbm_free_bytes\":%.17g,\"models\":[", c->batch,
            c->context, c->hbm_free_bytes);
   for (size_t k = 0; k < models->n; k++) {
-    kvt_advice adv[PROJ_MAX_CODECS];
+    kvt_model_advice adv[PROJ_MAX_CODECS];
     for (size_t i = 0; i < codecs->n; i++) {
-      kvt_kv_rate r = KVT_KV_RATE_INIT;
-      int rc = kvt_kv_rate_get(ctx, &models->m[k], &codecs->spec[i], &r);
+      kvt_model_kv_rate r = KVT_MODEL_KV_RATE_INIT;
+      int rc = kvt_model_kv_rate_get(ctx, &models->m[k], &codecs->spec[i], &r);
       if (rc == 0)
-        rc = kvt_advise(ctx, &models->m[k], &r, c, &adv[i]);
+        rc = kvt_model_advise(ctx, &models->m[k], &r, c, &adv[i]);
       if (rc)
         return proj_fail("project advise", ctx, rc, models->m[k].name);
     }
@@ -533,7 +536,7 @@ int proj_advise_main(int argc, char **argv) {
   int rc = advise_parse(&argc, argv, &a, &mn, &cn, &ln, &meas);
   if (rc)
     return rc == CLI_HELP ? CLI_OK : rc;
-  kvt_advice_config c = KVT_ADVICE_CONFIG_INIT;
+  kvt_model_advice_config c = KVT_MODEL_ADVICE_CONFIG_INIT;
   c.hbm_free_bytes = a.hbm_gib * 1073741824.0;
   c.batch = a.batch;
   c.tflops = a.tflops;

@@ -63,7 +63,7 @@ static void fmt_bw(char *buf, size_t cap, double gbps) {
     snprintf(buf, cap, "%g GB/s", gbps);
 }
 
-static void draw_axes(FILE *f, const axes *a, const kvt_projection_config *cfg) {
+static void draw_axes(FILE *f, const axes *a, const kvt_model_projection_config *cfg) {
   fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
              "stroke=\"#444\"/>\n", a->x0, a->y0, a->w, a->h);
   for (double t = T_MIN; t <= T_MAX; t *= 4) {
@@ -90,11 +90,11 @@ static void draw_axes(FILE *f, const axes *a, const kvt_projection_config *cfg) 
 }
 
 /* Needed GB/s of one rate at context t. */
-static double need(const kvt_kv_rate *r, const kvt_projection_config *cfg, double t) {
-  kvt_projection_config c = *cfg;
-  kvt_projection p;
+static double need(const kvt_model_kv_rate *r, const kvt_model_projection_config *cfg, double t) {
+  kvt_model_projection_config c = *cfg;
+  kvt_model_projection p;
   c.context = t;
-  return kvt_project(NULL, r, &c, &p) == 0 ? p.required_Bps / 1e9 : NAN;
+  return kvt_model_project(NULL, r, &c, &p) == 0 ? p.required_Bps / 1e9 : NAN;
 }
 
 /* Label heights of the link lines, pushed apart to 11 px so that links of
@@ -118,7 +118,7 @@ static void link_labels(const axes *a, const proj_links *links, double *y) {
 
 static void bandwidth_plot(FILE *f, const proj_models *models, const proj_result *res,
                            const proj_codecs *codecs, const proj_links *links,
-                           const kvt_projection_config *cfg) {
+                           const kvt_model_projection_config *cfg) {
   const size_t nm = models->n < 4 ? models->n : 4;
   double lo = INFINITY, hi = 0;
   for (size_t k = 0; k < nm; k++)
@@ -191,7 +191,7 @@ static void heat_color(char *buf, size_t cap, double s) {
 
 static void heatmap(FILE *f, double y0, const proj_models *rows, const proj_result *res,
                     const proj_links *links, const char *codec,
-                    const kvt_projection_config *cfg) {
+                    const kvt_model_projection_config *cfg) {
   const double cw = 56, rh = 22, x0 = 150;
   fprintf(f, "<text x=\"%d\" y=\"%.1f\" font-size=\"15\" font-weight=\"bold\">Shortfall "
              "(needed / link), codec ", ML, y0);
@@ -213,7 +213,7 @@ static void heatmap(FILE *f, double y0, const proj_models *rows, const proj_resu
     xml_text(f, rows->m[k].name);
     fputs("</text>\n", f);
     for (size_t j = 0; j < links->n; j++) {
-      const double s = kvt_shortfall(res[k].c[0].pr.required_Bps, links->l[j].GBps * 1e9);
+      const double s = kvt_model_shortfall(res[k].c[0].pr.required_Bps, links->l[j].GBps * 1e9);
       char col[48], lab[24];
       heat_color(col, sizeof(col), s);
       snprintf(lab, sizeof(lab), s >= 100 ? "%.0f" : s >= 10 ? "%.1f" : "%.2f", s);
@@ -227,7 +227,7 @@ static void heatmap(FILE *f, double y0, const proj_models *rows, const proj_resu
 
 /* The heat map's rows: every preset, then the models given that are not. */
 static int heat_rows(kvt_ctx *ctx, const proj_models *given, const proj_codecs *codecs,
-                     const kvt_projection_config *cfg, proj_models *rows, proj_result *res) {
+                     const kvt_model_projection_config *cfg, proj_models *rows, proj_result *res) {
   rows->n = 0;
   while (rows->n < PROJ_MAX_MODELS && kvt_model_preset_at(rows->n, &rows->m[rows->n]) == 0)
     rows->n++;
@@ -251,7 +251,7 @@ static int heat_rows(kvt_ctx *ctx, const proj_models *given, const proj_codecs *
 
 int proj_svg_write(kvt_ctx *ctx, const char *path, const proj_models *models,
                    const proj_codecs *codecs, const proj_links *links,
-                   const kvt_projection_config *cfg) {
+                   const kvt_model_projection_config *cfg) {
   static proj_result res[PROJ_MAX_MODELS], heat_res[PROJ_MAX_MODELS];
   static proj_models rows;
   int rc;

@@ -52,7 +52,7 @@ int kvt_cache_get_many(kvt_cache *c, kvt_cache_get_req *reqs, size_t n, uint32_t
   if (!c || (!reqs && n))
     return -EINVAL;
   for (size_t i = 0; i < n; i++)
-    if (!reqs[i].buf && reqs[i].cap)
+    if ((!reqs[i].buf && reqs[i].cap) || reqs[i].reserved[0] || reqs[i].reserved[1])
       return -EINVAL;
   const uint32_t w = max_in_flight == 0 ? 32 : max_in_flight > WINDOW_MAX ? WINDOW_MAX
                                                                            : max_in_flight;
@@ -177,7 +177,7 @@ void kvt_cache_return(kvt_cache *c, kvt_cache_loan *loan) {
   if (!c || !loan || !loan->internal[0])
     return;
   centry *e = loan->internal[0];
-  kvt_tier_loan tl = {loan->data, loan->len, loan->internal[1]};
+  kvt_tier_loan tl = {loan->data, loan->len, loan->internal[1], {0, 0}};
   kvt_tier_return(c->t[loan->tier].tier, &tl);
   pthread_mutex_lock(&c->mu);
   cache_unpin(c, e);

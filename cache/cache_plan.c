@@ -1,7 +1,7 @@
 /* cache/cache_plan.c - kvt_cache_plan_restore(): where a cached prefix lies
  * and what restoring it costs against recomputing it, with the bandwidth
- * model's own functions (kvtier/model.h: kvt_link_find, kvt_restore_seconds,
- * kvt_prefill_seconds), so the library and `kvtier project` never disagree. */
+ * model's own functions (kvtier/model.h: kvt_model_link_find, kvt_model_restore_seconds,
+ * kvt_model_prefill_seconds), so the library and `kvtier project` never disagree. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -29,7 +29,7 @@ static int parse_link(kvt_cache *c, int t, const char *text, size_t len) {
   memcpy(buf, text, len);
   buf[len] = 0;
   const char *name = len ? buf : default_link(c->t[t].tier);
-  const kvt_link *l = kvt_link_find(name);
+  const kvt_model_link *l = kvt_model_link_find(name);
   if (l) {
     c->t[t].link_Bps = l->GBps * 1e9;
     return 0;
@@ -111,10 +111,11 @@ int kvt_cache_plan_restore(kvt_cache *c, const uint32_t *tokens, size_t n,
   for (int t = 0; t < c->ntiers; t++) {
     out->link_GBps[t] = c->t[t].link_Bps / 1e9;
     if (out->tier_bytes[t])
-      out->restore_s += kvt_restore_seconds((double)out->tier_bytes[t], c->t[t].link_Bps, 1.0);
+      out->restore_s +=
+          kvt_model_restore_seconds((double)out->tier_bytes[t], c->t[t].link_Bps, 1.0);
   }
   if (model && out->cached_tokens) {
-    out->recompute_s = kvt_prefill_seconds(model, (double)out->cached_tokens, tflops, mfu);
+    out->recompute_s = kvt_model_prefill_seconds(model, (double)out->cached_tokens, tflops, mfu);
     out->restore_pays = out->restore_s < out->recompute_s;
   }
   memcpy(user, out, want);

@@ -68,6 +68,8 @@ int kvt_codec_validate(kvt_ctx *ctx, const kvt_codec_spec *s) {
                     KVT_MAX_HEAD_DIM_INTERNAL);
   if (s->block < 1)
     return kvt_fail(ctx, KVT_ESPEC, "block must be at least 1 token");
+  if (s->reserved[0] || s->reserved[1])
+    return kvt_fail(ctx, KVT_ESPEC, "reserved fields must be zero");
   return 0;
 }
 
@@ -278,6 +280,7 @@ int kvt_codec_format(const kvt_codec_spec *spec, char *buf, size_t cap) {
 void kvt_kv_view_dense(kvt_kv_view *v, void *k, void *val, int dtype, uint32_t layers,
                        uint32_t tokens, uint32_t heads, uint32_t head_dim) {
   memset(v, 0, sizeof(*v));
+  v->struct_size = sizeof(*v);
   v->k = k;
   v->v = val;
   v->layers = layers;

@@ -94,7 +94,7 @@ int kvt_ctx_create(const kvt_ctx_config *cfg, kvt_ctx **out) {
   if (cfg->struct_size < sizeof(kvt_ctx_config))
     return -EINVAL;
   kvt_allocator a = cfg->allocator;
-  if (!a.alloc != !a.free)
+  if (!a.alloc != !a.free || a.reserved[0] || a.reserved[1])
     return -EINVAL;
   if (!a.alloc) {
     a.alloc = default_alloc;

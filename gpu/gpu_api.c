@@ -428,20 +428,21 @@ static int fill_kparams(kvt_gpu_layout *L, const kvt_codec_spec *spec, uint32_t 
 static int store_check(kvt_gpu_layout *L, const kvt_gpu_store_params *p, kvt_codec_spec *spec,
                        uint32_t *model_layers, uint64_t *size) {
   kvt_ctx *ctx = L->ctx;
-  if (!p || p->struct_size < sizeof(*p) || p->encode.struct_size < sizeof(kvt_encode_params))
+  if (!p || p->struct_size < sizeof(*p) || !p->encode ||
+      p->encode->struct_size < sizeof(kvt_encode_params))
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store: missing or old params");
   if (!p->slots || !p->tokens || !p->layer_count)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store: no slots, tokens or layers");
-  if (p->encode.zstd_level)
+  if (p->encode->zstd_level)
     return kvt_fail(ctx, KVT_ENOTSUP, "the GPU store has no lossless stage (zstd level %d)",
-                    p->encode.zstd_level);
-  *spec = p->encode.spec;
+                    p->encode->zstd_level);
+  *spec = p->encode->spec;
   kvt_codec_normalise(spec);
   int rc = kvt_codec_validate(ctx, spec);
   if (rc)
     return rc;
-  const uint32_t lb = p->encode.layer_begin;
-  *model_layers = p->encode.model_layers ? p->encode.model_layers : p->layer_count;
+  const uint32_t lb = p->encode->layer_begin;
+  *model_layers = p->encode->model_layers ? p->encode->model_layers : p->layer_count;
   if (*model_layers > KVT_MAX_LAYERS || (uint64_t)lb + p->layer_count > *model_layers)
     return kvt_fail(ctx, KVT_ESHAPE, "layers %u..%u do not fit a model of %u layers (max %u)",
                     lb, lb + p->layer_count, *model_layers, KVT_MAX_LAYERS);
@@ -467,24 +468,24 @@ static void put_header(const kvt_gpu_store_params *p, const kvt_codec_spec *spec
   h.size = size;
   h.header_size = (uint32_t)kp->header_size;
   h.sections = 2 * p->layer_count;
-  h.key = p->encode.key;
-  h.fingerprint = p->encode.fingerprint;
+  h.key = p->encode->key;
+  h.fingerprint = p->encode->fingerprint;
   h.spec = *spec;
   h.dtype = dtype;
   h.model_layers = model_layers;
-  h.layer_begin = p->encode.layer_begin;
+  h.layer_begin = p->encode->layer_begin;
   h.layers = p->layer_count;
   h.tokens = p->tokens;
   h.heads = heads;
   h.head_dim = head_dim;
-  h.token_begin = p->encode.token_begin;
+  h.token_begin = p->encode->token_begin;
   kvt_header_put(dst, &h);
   for (uint32_t i = 0; i < h.sections; i++) {
-    const uint32_t layer = p->encode.layer_begin + i / 2;
+    const uint32_t layer = p->encode->layer_begin + i / 2;
     const int kind = (int)(i % 2);
     const uint64_t raw = kvt_gpu_sec_size(kp, layer, kind);
     const kvt_section_info e = {layer, kind, kvt_gpu_sec_fmt(kp, layer, kind), KVT_COMP_NONE,
-                                kvt_gpu_sec_offset(kp, i / 2, kind), raw, raw, 0};
+                                kvt_gpu_sec_offset(kp, i / 2, kind), raw, raw, 0, {0, 0}};
     kvt_section_entry_put(dst, i, &e);
   }
 }
@@ -510,7 +511,7 @@ int kvt_gpu_store_async(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *
   if ((rc = payload_addr(ctx, dst, &kind, &dev)) != 0)
     return rc;
   kvt_gpu_kparams kp;
-  if ((rc = fill_kparams(L, &spec, p->tokens, p->encode.layer_begin, p->layer_count, 0,
+  if ((rc = fill_kparams(L, &spec, p->tokens, p->encode->layer_begin, p->layer_count, 0,
                          p->layer_count, p->slots, dev, 0, &kp)) != 0)
     return rc;
   int e;

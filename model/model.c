@@ -1,10 +1,11 @@
 /* model/model.c - the bandwidth model's formulas (kvtier/model.h): bytes per
  * token asked of the codec, decode traffic and shortfall, longest context a
- * link feeds, Amdahl bound, ITL break-even and line fit, the saturation
- * (Hill) curve and its fit, prefill FLOPs and placement advice. */
+ * link feeds, Amdahl bound, prefill FLOPs and placement advice. (The curve
+ * fits of `kvtier project fit` are the CLI's own: bench/curve_fit.c.) */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "kvt_internal.h"
 #include "kvtier/model.h"
@@ -104,10 +105,10 @@ static int layer_bytes(kvt_ctx *ctx, const kvt_model_arch *m, const kvt_codec_sp
   return 0;
 }
 
-int kvt_kv_rate_get(kvt_ctx *ctx, const kvt_model_arch *m, const kvt_codec_spec *spec,
-                    kvt_kv_rate *out) {
-  if (!spec || !out || out->struct_size < sizeof(kvt_kv_rate))
-    return kvt_fail(ctx, -EINVAL, "kvt_kv_rate_get: missing spec, or output struct_size");
+int kvt_model_kv_rate_get(kvt_ctx *ctx, const kvt_model_arch *m, const kvt_codec_spec *spec,
+                          kvt_model_kv_rate *out) {
+  if (!spec || !out || out->struct_size < sizeof(kvt_model_kv_rate))
+    return kvt_fail(ctx, -EINVAL, "kvt_model_kv_rate_get: missing spec, or output struct_size");
   int rc = kvt_model_validate(ctx, m);
   if (rc || (rc = kvt_codec_validate(ctx, spec)) != 0)
     return rc;
@@ -138,40 +139,43 @@ int kvt_kv_rate_get(kvt_ctx *ctx, const kvt_model_arch *m, const kvt_codec_spec 
   return 0;
 }
 
-double kvt_kv_seq_bytes(const kvt_kv_rate *r, double tokens) {
+double kvt_model_seq_bytes(const kvt_model_kv_rate *r, double tokens) {
   const double w = r->window && tokens > r->window ? r->window : tokens;
   return r->full_bytes * tokens + r->window_bytes * w;
 }
 
-double kvt_kv_bytes_per_element(const kvt_kv_rate *r) {
+double kvt_model_bytes_per_element(const kvt_model_kv_rate *r) {
   return r->elements > 0 ? (r->full_bytes + r->window_bytes) / r->elements : NAN;
 }
 
-static int config_ok(const kvt_projection_config *c) {
-  return c && c->struct_size >= sizeof(kvt_projection_config) && isfinite(c->batch) &&
+static int config_ok(const kvt_model_projection_config *c) {
+  return c && c->struct_size >= sizeof(kvt_model_projection_config) && isfinite(c->batch) &&
          c->batch > 0 && isfinite(c->step_ms) && c->step_ms > 0 && isfinite(c->spec_k) &&
          c->spec_k >= 0;
 }
 
-static double spec_k_of(const kvt_projection_config *c) { return c->spec_k > 1 ? c->spec_k : 1; }
+static double spec_k_of(const kvt_model_projection_config *c) {
+  return c->spec_k > 1 ? c->spec_k : 1;
+}
 
-int kvt_project(kvt_ctx *ctx, const kvt_kv_rate *r, const kvt_projection_config *c,
-                kvt_projection *out) {
+int kvt_model_project(kvt_ctx *ctx, const kvt_model_kv_rate *r,
+                      const kvt_model_projection_config *c, kvt_model_projection *out) {
   if (!r || !out || !config_ok(c) || !isfinite(c->context) || c->context <= 0)
-    return kvt_fail(ctx, -EINVAL, "kvt_project: batch, context and step must be > 0");
-  out->seq_bytes = kvt_kv_seq_bytes(r, c->context);
+    return kvt_fail(ctx, -EINVAL, "kvt_model_project: batch, context and step must be > 0");
+  memset(out, 0, sizeof(*out));
+  out->seq_bytes = kvt_model_seq_bytes(r, c->context);
   out->bytes_per_token = out->seq_bytes / c->context;
   out->step_bytes = c->batch * out->seq_bytes;
   out->required_Bps = out->step_bytes / (c->step_ms * 1e-3 * spec_k_of(c));
   return 0;
 }
 
-double kvt_shortfall(double required_Bps, double link_Bps) { return required_Bps / link_Bps; }
+double kvt_model_shortfall(double required_Bps, double link_Bps) { return required_Bps / link_Bps; }
 
-int kvt_max_context(kvt_ctx *ctx, const kvt_kv_rate *r, const kvt_projection_config *c,
-                    double link_Bps, double *tokens) {
+int kvt_model_max_context(kvt_ctx *ctx, const kvt_model_kv_rate *r,
+                          const kvt_model_projection_config *c, double link_Bps, double *tokens) {
   if (!r || !tokens || !config_ok(c) || !(link_Bps >= 0) || !isfinite(link_Bps))
-    return kvt_fail(ctx, -EINVAL, "kvt_max_context: bad config or link bandwidth");
+    return kvt_fail(ctx, -EINVAL, "kvt_model_max_context: bad config or link bandwidth");
   /* Bytes one sequence may hold so that the batch reads them within tau. */
   const double budget = link_Bps * c->step_ms * 1e-3 * spec_k_of(c) / c->batch;
   const double w = r->window;
@@ -192,151 +196,10 @@ int kvt_max_context(kvt_ctx *ctx, const kvt_kv_rate *r, const kvt_projection_con
   return 0;
 }
 
-double kvt_amdahl_bound(double f, double r) {
+double kvt_model_amdahl_bound(double f, double r) {
   if (!(f >= 0 && f <= 1 && r >= 0 && r <= 1))
     return NAN;
   return 1.0 / (1.0 - f * (1.0 - r));
-}
-
-int kvt_itl_breakeven(double base_slope, double base_intercept, double new_slope,
-                      double new_intercept, double *tokens) {
-  if (!tokens)
-    return -EINVAL;
-  if (base_slope == new_slope)
-    return KVT_ERANGE;
-  *tokens = (new_intercept - base_intercept) / (base_slope - new_slope);
-  return isfinite(*tokens) ? 0 : KVT_ERANGE;
-}
-
-int kvt_fit_line(kvt_ctx *ctx, const double *x, const double *y, size_t n, kvt_line_fit *out) {
-  if (!x || !y || !out || n < 2)
-    return kvt_fail(ctx, -EINVAL, "a line fit needs at least 2 points");
-  double mx = 0, my = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (!isfinite(x[i]) || !isfinite(y[i]))
-      return kvt_fail(ctx, -EINVAL, "point %zu is not finite", i);
-    mx += x[i];
-    my += y[i];
-  }
-  mx /= (double)n;
-  my /= (double)n;
-  double sxx = 0, sxy = 0, syy = 0;
-  for (size_t i = 0; i < n; i++) {
-    sxx += (x[i] - mx) * (x[i] - mx);
-    sxy += (x[i] - mx) * (y[i] - my);
-    syy += (y[i] - my) * (y[i] - my);
-  }
-  if (sxx == 0)
-    return kvt_fail(ctx, KVT_ERANGE, "every point has the same x: no slope");
-  out->slope = sxy / sxx;
-  out->intercept = my - out->slope * mx;
-  double ss_res = 0;
-  for (size_t i = 0; i < n; i++) {
-    const double e = y[i] - (out->slope * x[i] + out->intercept);
-    ss_res += e * e;
-  }
-  out->r2 = syy > 0 ? 1 - ss_res / syy : 1;
-  out->n = n;
-  return 0;
-}
-
-double kvt_hill(double smax, double bhalf, double gamma, double batch) {
-  if (batch <= 0)
-    return 0;
-  const double bg = pow(batch, gamma);
-  return smax * bg / (pow(bhalf, gamma) + bg);
-}
-
-double kvt_hill_batch_at(double bhalf, double gamma, double fraction) {
-  if (!(fraction > 0 && fraction < 1 && bhalf > 0 && gamma > 0))
-    return NAN;
-  return bhalf * pow(fraction / (1 - fraction), 1 / gamma);
-}
-
-/* Squared error of the best smax for (bhalf, gamma): S is linear in smax,
- * so smax = sum(y h) / sum(h h) with h the curve at smax = 1. */
-static double hill_sse(const double *b, const double *y, size_t n, double bhalf, double gamma,
-                       double *smax) {
-  double hy = 0, hh = 0;
-  for (size_t i = 0; i < n; i++) {
-    const double h = kvt_hill(1, bhalf, gamma, b[i]);
-    hy += h * y[i];
-    hh += h * h;
-  }
-  *smax = hh > 0 ? hy / hh : 0;
-  double sse = 0;
-  for (size_t i = 0; i < n; i++) {
-    const double e = y[i] - *smax * kvt_hill(1, bhalf, gamma, b[i]);
-    sse += e * e;
-  }
-  return sse;
-}
-
-/* Minimises over (log bhalf, log gamma): a coarse grid over a wide range,
- * then a compass search that halves its step until it is negligible. */
-static void hill_search(const double *b, const double *y, size_t n, double bmin, double bmax,
-                        double *lb_out, double *lg_out) {
-  double best = INFINITY, lb = 0, lg = 0, smax;
-  const double lo = log(bmin) - log(100.0), hi = log(bmax) + log(100.0);
-  for (int i = 0; i <= 60; i++)
-    for (int j = 0; j <= 40; j++) {
-      const double cb = lo + (hi - lo) * i / 60, cg = log(0.1) + (log(10.0) - log(0.1)) * j / 40;
-      const double e = hill_sse(b, y, n, exp(cb), exp(cg), &smax);
-      if (e < best && smax > 0) {
-        best = e;
-        lb = cb;
-        lg = cg;
-      }
-    }
-  for (double step = 0.25; step > 1e-10;) {
-    int moved = 0;
-    static const int dirs[4][2] = {{1, 0}, {-1, 0}, {0, 1}, {0, -1}};
-    for (int d = 0; d < 4; d++) {
-      const double cb = lb + step * dirs[d][0], cg = lg + step * dirs[d][1];
-      const double e = hill_sse(b, y, n, exp(cb), exp(cg), &smax);
-      if (e < best && smax > 0) {
-        best = e;
-        lb = cb;
-        lg = cg;
-        moved = 1;
-      }
-    }
-    if (!moved)
-      step /= 2;
-  }
-  *lb_out = lb;
-  *lg_out = lg;
-}
-
-int kvt_fit_hill(kvt_ctx *ctx, const double *batch, const double *speedup, size_t n,
-                 kvt_hill_fit *out) {
-  if (!batch || !speedup || !out || n < 3)
-    return kvt_fail(ctx, -EINVAL, "a saturation fit needs at least 3 points");
-  double bmin = INFINITY, bmax = 0, my = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (!isfinite(batch[i]) || !isfinite(speedup[i]) || batch[i] <= 0)
-      return kvt_fail(ctx, -EINVAL, "point %zu: batch must be > 0 and values finite", i);
-    bmin = batch[i] < bmin ? batch[i] : bmin;
-    bmax = batch[i] > bmax ? batch[i] : bmax;
-    my += speedup[i];
-  }
-  my /= (double)n;
-  double lb, lg, smax;
-  hill_search(batch, speedup, n, bmin, bmax, &lb, &lg);
-  const double sse = hill_sse(batch, speedup, n, exp(lb), exp(lg), &smax);
-  if (!(smax > 0))
-    return kvt_fail(ctx, KVT_ERANGE, "no saturating curve fits (speedups <= 0?)");
-  double sst = 0;
-  for (size_t i = 0; i < n; i++)
-    sst += (speedup[i] - my) * (speedup[i] - my);
-  out->smax = smax;
-  out->bhalf = exp(lb);
-  out->gamma = exp(lg);
-  out->r2 = sst > 0 ? 1 - sse / sst : 1;
-  out->batch80 = kvt_hill_batch_at(out->bhalf, out->gamma, 0.80);
-  out->batch95 = kvt_hill_batch_at(out->bhalf, out->gamma, 0.95);
-  out->n = n;
-  return 0;
 }
 
 /* Causal (query, key) pairs of T tokens when each query sees at most w keys
@@ -347,7 +210,7 @@ static double causal_pairs(double t, double w) {
   return w * (w + 1) / 2 + (t - w) * w;
 }
 
-double kvt_prefill_flops(const kvt_model_arch *m, double tokens) {
+double kvt_model_prefill_flops(const kvt_model_arch *m, double tokens) {
   const double active = m->active_params > 0 ? m->active_params : m->params;
   const double qh = m->q_heads ? m->q_heads : m->kv_heads;
   const double dqk = m->qk_dim ? m->qk_dim : m->k_dim;
@@ -358,27 +221,30 @@ double kvt_prefill_flops(const kvt_model_arch *m, double tokens) {
   return 2 * active * tokens + 2 * attn * qh * (dqk + dpv);
 }
 
-int kvt_advise(kvt_ctx *ctx, const kvt_model_arch *m, const kvt_kv_rate *r,
-               const kvt_advice_config *c, kvt_advice *out) {
-  if (!m || !r || !out || !c || c->struct_size < sizeof(kvt_advice_config) ||
-      !(c->hbm_free_bytes >= 0) || !(c->context > 0) || !(c->batch > 0) ||
-      !isfinite(c->context) || !(c->tflops >= 0) || !(c->mfu >= 0 && c->mfu <= 1))
-    return kvt_fail(ctx, -EINVAL, "kvt_advise: HBM >= 0, batch and context > 0, mfu in [0, 1]");
+int kvt_model_advise(kvt_ctx *ctx, const kvt_model_arch *m, const kvt_model_kv_rate *r,
+                     const kvt_model_advice_config *c, kvt_model_advice *out) {
+  if (!m || !r || !out || !c || c->struct_size < sizeof(kvt_model_advice_config) ||
+      !(c->hbm_free_bytes >= 0) || !(c->context > 0) || !(c->batch > 0) || !isfinite(c->context) ||
+      !(c->tflops >= 0) || !(c->mfu >= 0 && c->mfu <= 1))
+    return kvt_fail(ctx, -EINVAL,
+                    "kvt_model_advise: HBM >= 0, batch and context > 0, mfu in [0, 1]");
   const double tflops = c->tflops > 0 ? c->tflops : 989.0, mfu = c->mfu > 0 ? c->mfu : 0.5;
-  out->seq_bytes = kvt_kv_seq_bytes(r, c->context);
+  memset(out, 0, sizeof(*out));
+  out->seq_bytes = kvt_model_seq_bytes(r, c->context);
   out->sequences_fit = out->seq_bytes > 0 ? floor(c->hbm_free_bytes / out->seq_bytes) : INFINITY;
   out->batch_fits = out->sequences_fit >= c->batch;
-  out->prefill_flops = kvt_prefill_flops(m, c->context);
-  out->prefill_s = kvt_prefill_seconds(m, c->context, tflops, mfu);
+  out->prefill_flops = kvt_model_prefill_flops(m, c->context);
+  out->prefill_s = kvt_model_prefill_seconds(m, c->context, tflops, mfu);
   return 0;
 }
 
-double kvt_prefill_seconds(const kvt_model_arch *m, double tokens, double tflops, double mfu) {
+double kvt_model_prefill_seconds(const kvt_model_arch *m, double tokens, double tflops,
+                                 double mfu) {
   const double t = tflops > 0 ? tflops : 989.0, f = mfu > 0 ? mfu : 0.5;
-  return kvt_prefill_flops(m, tokens) / (t * 1e12 * f);
+  return kvt_model_prefill_flops(m, tokens) / (t * 1e12 * f);
 }
 
-double kvt_restore_seconds(double bytes, double link_Bps, double efficiency) {
+double kvt_model_restore_seconds(double bytes, double link_Bps, double efficiency) {
   const double e = efficiency > 0 ? efficiency : 1;
   return link_Bps > 0 ? bytes / (link_Bps * e) : INFINITY;
 }

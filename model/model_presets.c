@@ -113,7 +113,7 @@ int kvt_model_preset_at(size_t i, kvt_model_arch *out) {
 
 /* --- links ----------------------------------------------------------------- */
 
-static const kvt_link links[] = {
+static const kvt_model_link links[] = {
     {"hbm3-h100", "HBM3, H100 SXM, peak", 3350},
     {"hbm3e-h200", "HBM3e, H200, peak", 4800},
     {"hbm3e-b200", "HBM3e, B200, peak", 8000},
@@ -130,11 +130,11 @@ static const kvt_link links[] = {
     {"nvme-gen5-x4", "four NVMe Gen5 SSDs, striped", 56},
 };
 
-const kvt_link *kvt_link_preset(size_t i) {
+const kvt_model_link *kvt_model_link_preset(size_t i) {
   return i < sizeof(links) / sizeof(links[0]) ? &links[i] : NULL;
 }
 
-const kvt_link *kvt_link_find(const char *name) {
+const kvt_model_link *kvt_model_link_find(const char *name) {
   for (size_t i = 0; name && i < sizeof(links) / sizeof(links[0]); i++)
     if (strcasecmp(name, links[i].name) == 0)
       return &links[i];

@@ -87,6 +87,7 @@ void kvt_section_entry_put(uint8_t *hdr, uint32_t i, const kvt_section_info *s) 
 
 void kvt_section_entry_get(const uint8_t *hdr, uint32_t i, kvt_section_info *s) {
   const uint8_t *e = hdr + HDR_FIXED + (size_t)SEC_ENTRY * i;
+  memset(s, 0, sizeof(*s)); /* the reserved tail too */
   s->layer = kvt_ld32(e + S_LAYER);
   s->is_value = e[S_KIND];
   s->fmt = e[S_FMT];

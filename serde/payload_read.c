@@ -299,6 +299,8 @@ static int decode(kvt_ctx *ctx, const void *buf, size_t len, const kvt_decode_pa
                   const kvt_kv_view *d) {
   if (dp && dp->struct_size < sizeof(kvt_decode_params))
     return kvt_fail(ctx, -EINVAL, "kvt_decode_params.struct_size too small");
+  if (d && d->struct_size < sizeof(kvt_kv_view))
+    return kvt_fail(ctx, -EINVAL, "kvt_kv_view.struct_size too small");
   parsed p;
   int rc = parse(ctx, buf, len, &p);
   uint32_t first = 0, count = 0;

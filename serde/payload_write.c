@@ -7,6 +7,8 @@
 
 static int check_view(kvt_ctx *ctx, const kvt_codec_spec *spec, const kvt_kv_view *v,
                       uint32_t layer_begin, uint32_t model_layers) {
+  if (v && v->struct_size < sizeof(kvt_kv_view))
+    return kvt_fail(ctx, -EINVAL, "kvt_kv_view.struct_size too small");
   if (!v || !v->k || !v->v)
     return kvt_fail(ctx, KVT_ESHAPE, "view has no K or V pointer");
   if (v->dtype != KVT_DTYPE_BF16 && v->dtype != KVT_DTYPE_F16)
@@ -109,7 +111,7 @@ static int put_section(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_secti
     return rc;
   }
   const kvt_section_info e = {s->layer, s->is_value, s->fmt, *comp, start, stored, raw,
-                              kvt_hash64(at, stored)};
+                              kvt_hash64(at, stored), {0, 0}};
   kvt_section_entry_put(dst, i, &e);
   *off = start + stored;
   return 0;

@@ -432,10 +432,10 @@ static void test_cache_plan_restore_uses_the_bandwidth_model(void **state) {
   assert_int_equal(p.tier_bytes[0], 3 * plen);
   assert_int_equal(p.tier_bytes[1], 2 * plen);
   assert_true(p.link_GBps[0] == 64.0 && p.link_GBps[1] == 2.5);
-  const double want = kvt_restore_seconds(3.0 * (double)plen, 64e9, 1) +
-                      kvt_restore_seconds(2.0 * (double)plen, 2.5e9, 1);
+  const double want = kvt_model_restore_seconds(3.0 * (double)plen, 64e9, 1) +
+                      kvt_model_restore_seconds(2.0 * (double)plen, 2.5e9, 1);
   assert_true(p.restore_s > want * 0.999999 && p.restore_s < want * 1.000001);
-  const double rc = kvt_prefill_seconds(&m, 5.0 * CT_TOKENS, 0, 0);
+  const double rc = kvt_model_prefill_seconds(&m, 5.0 * CT_TOKENS, 0, 0);
   assert_true(p.recompute_s == rc);
   assert_int_equal(p.restore_pays, p.restore_s < rc);
   /* Nothing was touched: the plan is a query. */

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cli_harness.h"
+#include "curve_fit.h"
 #include "kvtier.h"
 #include "kvtier/model.h"
 #include "model_json.h"
@@ -140,7 +141,7 @@ static void test_breakeven_fit_saturation(void **state) {
   for (int b = 1; b <= 128; b *= 2) {
     char l[96];
     snprintf(l, sizeof(l), "{\"batch\":%d,\"speedup\":%.17g}\n", b,
-             kvt_hill(3.75, 5.1, 1.32, b));
+             curve_hill(3.75, 5.1, 1.32, b));
     strcat(lines, l);
   }
   write_text("sat.jsonl", lines);

@@ -198,8 +198,8 @@ static void test_strided_views_encode_and_decode_like_dense(void **state) {
         memcpy(big + l * sl + h * sh_ + t * DP, k + at(l, t, h, 0), 2 * D);
         memcpy(big + l * sl + skv + h * sh_ + t * DP, v + at(l, t, h, 0), 2 * D);
       }
-  kvt_kv_view dense, strided = {big, big + skv, {sl, DP, sh_}, {sl, DP, sh_}, L, T, H, D,
-                                KVT_DTYPE_BF16};
+  kvt_kv_view dense, strided = {sizeof(kvt_kv_view), big, big + skv, {sl, DP, sh_}, {sl, DP, sh_},
+                                L, T, H, D, KVT_DTYPE_BF16};
   kvt_kv_view_dense(&dense, k, v, KVT_DTYPE_BF16, L, T, H, D);
   uint64_t bound;
   assert_int_equal(kvt_encode_bound(ctx, &p.spec, 0, L, T, H, D, &bound), 0);

@@ -276,7 +276,7 @@ static void run_combo(const combo *c) {
 
   /* 1. GPU store: the CPU encoder's bytes, and a valid payload. */
   kvt_gpu_store_params sp = KVT_GPU_STORE_PARAMS_INIT;
-  sp.encode = ep;
+  sp.encode = &ep;
   sp.layer_count = c->n;
   sp.tokens = s->tokens;
   sp.slots = dslots;
@@ -481,6 +481,7 @@ typedef struct fixture {
   int64_t *dslots;
   uint8_t *pay;
   size_t len, cap; /* cap: room for the raw payload of the shape */
+  kvt_encode_params ep;    /* what sp.encode points to */
   kvt_gpu_store_params sp;
 } fixture;
 
@@ -500,9 +501,12 @@ static void fixture_make(fixture *f, const char *spec, const shape *s) {
   CUDA_OK(cudaMalloc((void **)&f->dslots, 8 * s->tokens));
   CUDA_OK(cudaMemcpy(f->dslots, s64, 8 * s->tokens, cudaMemcpyHostToDevice));
   assert_int_equal(kvt_gpu_layout_create(ctx, &f->e.desc, &f->L), 0);
+  kvt_encode_params ep = KVT_ENCODE_PARAMS_INIT;
+  assert_int_equal(kvt_codec_parse(ctx, spec, &ep.spec), 0);
+  memset(ep.key.bytes, 1, 16);
+  f->ep = ep;
   kvt_gpu_store_params sp = KVT_GPU_STORE_PARAMS_INIT;
-  assert_int_equal(kvt_codec_parse(ctx, spec, &sp.encode.spec), 0);
-  memset(sp.encode.key.bytes, 1, 16);
+  sp.encode = &f->ep;
   sp.layer_count = s->layers;
   sp.tokens = s->tokens;
   sp.slots = f->dslots;
@@ -603,10 +607,10 @@ static void test_gpu_load_from_memory_tier_loans_in_place(void **state) {
   cc.tiers = "hbm:0:64MiB;dram:64MiB";
   kvt_cache *c = NULL;
   assert_int_equal(kvt_cache_open(ctx, &cc, &c), 0);
-  assert_int_equal(kvt_cache_put(c, &f.sp.encode.key, NULL, f.pay, f.len), 0);
+  assert_int_equal(kvt_cache_put(c, &f.ep.key, NULL, f.pay, f.len), 0);
   kvt_cache_loan cl;
   engine_upload(&f.e);
-  assert_int_equal(kvt_cache_borrow(c, &f.sp.encode.key, &cl), 0);
+  assert_int_equal(kvt_cache_borrow(c, &f.ep.key, &cl), 0);
   assert_int_equal(cl.tier, 0);
   assert_int_equal(load(&f, cl.data, cl.len), 0);
   uint16_t *got = engine_download(&f.e);
@@ -704,8 +708,10 @@ static void test_gpu_load_refuses_other_shapes_and_lossless_sections(void **stat
     assert_int_equal(load(&f, z, zlen), KVT_ENOTSUP);
     assert_non_null(strstr(kvt_ctx_last_error(ctx), "lossless"));
     /* ... and the store does not offer it. */
+    kvt_encode_params zep = f.ep;
+    zep.zstd_level = 3;
     kvt_gpu_store_params sp = f.sp;
-    sp.encode.zstd_level = 3;
+    sp.encode = &zep;
     size_t len;
     assert_int_equal(kvt_gpu_store(f.L, &sp, f.pay, f.len, &len, stream), KVT_ENOTSUP);
     cudaFreeHost(z);
@@ -729,13 +735,15 @@ static void test_gpu_store_refuses_nonfinite_and_out_of_range(void **state) {
   assert_int_equal(rc, KVT_ENONFINITE);
   assert_non_null(strstr(kvt_ctx_last_error(ctx), "V layer 0 token 3 head 1 dim 9"));
   /* In K a NaN is fine for k16v8 (n16 keys copy bits) but not for int4. */
+  kvt_encode_params ep = f.ep;
   kvt_gpu_store_params sp = f.sp;
-  assert_int_equal(kvt_codec_parse(ctx, "k=n16,v=n16", &sp.encode.spec), 0);
+  sp.encode = &ep;
+  assert_int_equal(kvt_codec_parse(ctx, "k=n16,v=n16", &ep.spec), 0);
   assert_int_equal(kvt_gpu_store(f.L, &sp, f.pay, f.cap, &len, stream), 0);
   /* i4 over fp16 range: KVT_ERANGE. */
   uint16_t big = kvt_f32_to_bf16(1e30f);
   CUDA_OK(cudaMemcpy((uint16_t *)f.e.dev[0][0] + at, &big, 2, cudaMemcpyHostToDevice));
-  assert_int_equal(kvt_codec_parse(ctx, "k16v4", &sp.encode.spec), 0);
+  assert_int_equal(kvt_codec_parse(ctx, "k16v4", &ep.spec), 0);
   assert_int_equal(kvt_gpu_store(f.L, &sp, f.pay, f.cap, &len, stream), KVT_ERANGE);
   /* Pageable destination and a too-small one. */
   uint8_t *pageable = malloc(f.len);
@@ -791,8 +799,10 @@ static void golden_case_on_gpu(const char *dir, const golden_case *gc) {
   kvt_gpu_layout *Ls, *Ld;
   assert_int_equal(kvt_gpu_layout_create(ctx, &src.desc, &Ls), 0);
   assert_int_equal(kvt_gpu_layout_create(ctx, &dst.desc, &Ld), 0);
+  kvt_encode_params ep = KVT_ENCODE_PARAMS_INIT;
+  assert_int_equal(golden_params(ctx, gc, &ep), 0);
   kvt_gpu_store_params sp = KVT_GPU_STORE_PARAMS_INIT;
-  assert_int_equal(golden_params(ctx, gc, &sp.encode), 0);
+  sp.encode = &ep;
   sp.layer_count = gc->layers;
   sp.tokens = gc->tokens;
   sp.slots = dslots;
@@ -809,7 +819,7 @@ static void golden_case_on_gpu(const char *dir, const golden_case *gc) {
   kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
   lp.tokens = gc->tokens;
   lp.slots = dslots;
-  lp.expect_fingerprint = &sp.encode.fingerprint;
+  lp.expect_fingerprint = &ep.fingerprint;
   rc = kvt_gpu_load(Ld, file, flen, &lp, stream);
   if (rc)
     fail_msg("golden %s: gpu load: %s %s", gc->name, kvt_err_name(rc), kvt_ctx_last_error(ctx));

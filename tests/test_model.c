@@ -13,6 +13,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "curve_fit.h"
 #include "kvtier.h"
 #include "kvtier/model.h"
 
@@ -28,17 +29,17 @@ static kvt_model_arch preset(const char *name) {
   return m;
 }
 
-static kvt_kv_rate rate(const char *model, const char *codec) {
+static kvt_model_kv_rate rate(const char *model, const char *codec) {
   kvt_model_arch m = preset(model);
   kvt_codec_spec s;
   assert_int_equal(kvt_codec_parse(NULL, codec, &s), 0);
-  kvt_kv_rate r = KVT_KV_RATE_INIT;
-  assert_int_equal(kvt_kv_rate_get(NULL, &m, &s, &r), 0);
+  kvt_model_kv_rate r = KVT_MODEL_KV_RATE_INIT;
+  assert_int_equal(kvt_model_kv_rate_get(NULL, &m, &s, &r), 0);
   return r;
 }
 
-static kvt_projection_config cfg(double batch, double context, double step_ms, double k) {
-  kvt_projection_config c = KVT_PROJECTION_CONFIG_INIT;
+static kvt_model_projection_config cfg(double batch, double context, double step_ms, double k) {
+  kvt_model_projection_config c = KVT_MODEL_PROJECTION_CONFIG_INIT;
   c.batch = batch;
   c.context = context;
   c.step_ms = step_ms;
@@ -98,13 +99,13 @@ static void test_gemma3_windows_five_of_every_six_layers(void **state) {
  * 128K read ~550 GB per step (2^39 bytes exactly). */
 static void test_llama8b_raw_is_131072_bytes_per_token_and_550_GB_per_step(void **state) {
   (void)state;
-  kvt_kv_rate r = rate("llama-3.1-8b", "raw");
+  kvt_model_kv_rate r = rate("llama-3.1-8b", "raw");
   assert_true(r.full_bytes == 131072.0);
   assert_true(r.window_bytes == 0.0);
-  near(kvt_kv_bytes_per_element(&r), 2.0, 1e-15);
-  kvt_projection_config c = cfg(32, 131072, 10, 1);
-  kvt_projection p;
-  assert_int_equal(kvt_project(NULL, &r, &c, &p), 0);
+  near(kvt_model_bytes_per_element(&r), 2.0, 1e-15);
+  kvt_model_projection_config c = cfg(32, 131072, 10, 1);
+  kvt_model_projection p;
+  assert_int_equal(kvt_model_project(NULL, &r, &c, &p), 0);
   assert_true(p.step_bytes == 549755813888.0);
   near(p.required_Bps, 549755813888.0 / 0.010, 1e-15);
   assert_true(p.bytes_per_token == 131072.0);
@@ -146,12 +147,12 @@ static void test_deepseek_mla_latent_576_per_layer(void **state) {
 /* Sliding-window layers read at most the window. */
 static void test_gemma3_window_layers_bounded(void **state) {
   (void)state;
-  kvt_kv_rate r = rate("gemma3-12b", "raw");
+  kvt_model_kv_rate r = rate("gemma3-12b", "raw");
   near(r.full_bytes, 8 * 8 * 256 * 4, 0);    /* 8 global layers */
   near(r.window_bytes, 40 * 8 * 256 * 4, 0); /* 40 local layers */
   assert_int_equal(r.window, 1024);
-  near(kvt_kv_seq_bytes(&r, 512), (65536.0 + 327680.0) * 512, 0);
-  near(kvt_kv_seq_bytes(&r, 131072), 65536.0 * 131072 + 327680.0 * 1024, 0);
+  near(kvt_model_seq_bytes(&r, 512), (65536.0 + 327680.0) * 512, 0);
+  near(kvt_model_seq_bytes(&r, 131072), 65536.0 * 131072 + 327680.0 * 1024, 0);
 }
 
 /* The rate is what the codec writes: the payload of all layers grows by
@@ -165,8 +166,8 @@ static void test_rate_matches_encode_bound(void **state) {
   for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
     kvt_codec_spec s;
     assert_int_equal(kvt_codec_parse(NULL, specs[i], &s), 0);
-    kvt_kv_rate r = KVT_KV_RATE_INIT;
-    assert_int_equal(kvt_kv_rate_get(NULL, &m, &s, &r), 0);
+    kvt_model_kv_rate r = KVT_MODEL_KV_RATE_INIT;
+    assert_int_equal(kvt_model_kv_rate_get(NULL, &m, &s, &r), 0);
     const uint32_t c = r.chunk_tokens;
     uint64_t a, b;
     assert_int_equal(kvt_encode_bound(NULL, &s, 0, m.layers, c, m.kv_heads, m.k_dim, &a), 0);
@@ -183,13 +184,13 @@ static void test_codec_that_cannot_encode_shape_is_refused(void **state) {
   m.k_dim = 48;
   kvt_codec_spec s;
   assert_int_equal(kvt_codec_parse(NULL, "int4", &s), 0); /* V groups of 32 along 48 */
-  kvt_kv_rate r = KVT_KV_RATE_INIT;
+  kvt_model_kv_rate r = KVT_MODEL_KV_RATE_INIT;
   kvt_ctx *ctx;
   assert_int_equal(kvt_ctx_create(NULL, &ctx), 0);
-  assert_int_equal(kvt_kv_rate_get(ctx, &m, &s, &r), KVT_ESHAPE);
+  assert_int_equal(kvt_model_kv_rate_get(ctx, &m, &s, &r), KVT_ESHAPE);
   assert_non_null(strstr(kvt_ctx_last_error(ctx), "group"));
   m.layers = 0;
-  assert_int_equal(kvt_kv_rate_get(ctx, &m, &s, &r), KVT_ESHAPE);
+  assert_int_equal(kvt_model_kv_rate_get(ctx, &m, &s, &r), KVT_ESHAPE);
   m.layers = 2;
   m.window_layers[0] = 1u << 5; /* a windowed layer the model does not have */
   assert_int_equal(kvt_model_validate(ctx, &m), KVT_ESHAPE);
@@ -202,63 +203,63 @@ static void test_codec_that_cannot_encode_shape_is_refused(void **state) {
 static void test_published_shortfalls(void **state) {
   (void)state;
   const double lo = 10e12, hi = 50e12;
-  const double nvl = kvt_link_find("nvlink4")->GBps * 1e9;
-  const double pcie = kvt_link_find("pcie5-x16")->GBps * 1e9;
-  const double cxl = kvt_link_find("cxl2")->GBps * 1e9;
-  near(kvt_shortfall(lo, nvl), 11.1, 0.01);
-  near(kvt_shortfall(hi, nvl), 55.6, 0.01);
-  near(kvt_shortfall(lo, pcie), 156.25, 1e-12);
-  near(kvt_shortfall(hi, pcie), 781.25, 1e-12);
-  near(kvt_shortfall(lo, cxl), 312.5, 1e-12);
-  near(kvt_shortfall(hi, cxl), 1562.5, 1e-12);
-  near(round(kvt_shortfall(lo / 4, nvl)), 3, 0);
-  near(round(kvt_shortfall(hi / 2, nvl)), 28, 0);
-  /* and through kvt_project: 10 TB/s at k = 4 needs 2.5 TB/s */
-  kvt_kv_rate r = KVT_KV_RATE_INIT;
+  const double nvl = kvt_model_link_find("nvlink4")->GBps * 1e9;
+  const double pcie = kvt_model_link_find("pcie5-x16")->GBps * 1e9;
+  const double cxl = kvt_model_link_find("cxl2")->GBps * 1e9;
+  near(kvt_model_shortfall(lo, nvl), 11.1, 0.01);
+  near(kvt_model_shortfall(hi, nvl), 55.6, 0.01);
+  near(kvt_model_shortfall(lo, pcie), 156.25, 1e-12);
+  near(kvt_model_shortfall(hi, pcie), 781.25, 1e-12);
+  near(kvt_model_shortfall(lo, cxl), 312.5, 1e-12);
+  near(kvt_model_shortfall(hi, cxl), 1562.5, 1e-12);
+  near(round(kvt_model_shortfall(lo / 4, nvl)), 3, 0);
+  near(round(kvt_model_shortfall(hi / 2, nvl)), 28, 0);
+  /* and through kvt_model_project: 10 TB/s at k = 4 needs 2.5 TB/s */
+  kvt_model_kv_rate r = KVT_MODEL_KV_RATE_INIT;
   r.full_bytes = 1e7; /* x 1000 tokens x 10 sequences / 10 ms = 10 TB/s */
-  kvt_projection_config c = cfg(10, 1e3, 10, 4);
-  kvt_projection p;
-  assert_int_equal(kvt_project(NULL, &r, &c, &p), 0);
+  kvt_model_projection_config c = cfg(10, 1e3, 10, 4);
+  kvt_model_projection p;
+  assert_int_equal(kvt_model_project(NULL, &r, &c, &p), 0);
   near(p.required_Bps, 2.5e12, 1e-15);
   /* Llama-3.1-8B raw at 32 x 128K in 10 ms against NVLink: 61x */
-  kvt_kv_rate l = rate("llama-3.1-8b", "raw");
+  kvt_model_kv_rate l = rate("llama-3.1-8b", "raw");
   c = cfg(32, 131072, 10, 1);
-  assert_int_equal(kvt_project(NULL, &l, &c, &p), 0);
-  near(kvt_shortfall(p.required_Bps, nvl), 549755813888.0 / 0.01 / 900e9, 1e-15);
+  assert_int_equal(kvt_model_project(NULL, &l, &c, &p), 0);
+  near(kvt_model_shortfall(p.required_Bps, nvl), 549755813888.0 / 0.01 / 900e9, 1e-15);
 }
 
 static void test_max_context_per_link(void **state) {
   (void)state;
-  kvt_kv_rate l = rate("llama-3.1-8b", "raw");
-  kvt_projection_config c = cfg(32, 0, 10, 1);
+  kvt_model_kv_rate l = rate("llama-3.1-8b", "raw");
+  kvt_model_projection_config c = cfg(32, 0, 10, 1);
   double t;
   /* budget 3.35e12 x 0.01 / 32 = 1.046875e9 B per sequence / 131072 */
-  assert_int_equal(kvt_max_context(NULL, &l, &c, 3350e9, &t), 0);
+  assert_int_equal(kvt_model_max_context(NULL, &l, &c, 3350e9, &t), 0);
   near(t, floor(1.046875e9 / 131072), 0);
   c.spec_k = 2;
-  assert_int_equal(kvt_max_context(NULL, &l, &c, 3350e9, &t), 0);
+  assert_int_equal(kvt_model_max_context(NULL, &l, &c, 3350e9, &t), 0);
   near(t, floor(2 * 1.046875e9 / 131072), 0);
   /* an exact budget lands on the token: 1 seq, 1 s, 131072 B/s -> 1 token */
   c = cfg(1, 0, 1000, 1);
-  assert_int_equal(kvt_max_context(NULL, &l, &c, 131072 * 7.0, &t), 0);
+  assert_int_equal(kvt_model_max_context(NULL, &l, &c, 131072 * 7.0, &t), 0);
   near(t, 7, 0);
   /* windowed: below and above the window */
-  kvt_kv_rate g = KVT_KV_RATE_INIT;
+  kvt_model_kv_rate g = KVT_MODEL_KV_RATE_INIT;
   g.full_bytes = 100;
   g.window_bytes = 300;
   g.window = 1000;
   c = cfg(1, 0, 1000, 1);
-  assert_int_equal(kvt_max_context(NULL, &g, &c, 400 * 500.0, &t), 0);
+  assert_int_equal(kvt_model_max_context(NULL, &g, &c, 400 * 500.0, &t), 0);
   near(t, 500, 0);
-  assert_int_equal(kvt_max_context(NULL, &g, &c, 300 * 1000.0 + 100 * 5000.0, &t), 0);
+  assert_int_equal(kvt_model_max_context(NULL, &g, &c, 300 * 1000.0 + 100 * 5000.0, &t), 0);
   near(t, 5000, 0);
   g.full_bytes = 0; /* every layer windowed: any context once the window fits */
-  assert_int_equal(kvt_max_context(NULL, &g, &c, 300 * 1000.0, &t), 0);
+  assert_int_equal(kvt_model_max_context(NULL, &g, &c, 300 * 1000.0, &t), 0);
   assert_true(isinf(t));
-  assert_int_equal(kvt_max_context(NULL, &g, &c, 300 * 999.0, &t), 0);
+  assert_int_equal(kvt_model_max_context(NULL, &g, &c, 300 * 999.0, &t), 0);
   near(t, 999, 0);
   c.batch = 0;
-  assert_int_equal(kvt_max_context(NULL, &g, &c, 1e9, &t), -EINVAL);
+  assert_int_equal(kvt_model_max_context(NULL, &g, &c, 1e9, &t), -EINVAL);
 }
 
 /* BACKGROUND: S <= 1/(1 - f(1 - r)); INT4 1/(1 - 3f/4), FP8 1/(1 - f/2),
@@ -266,14 +267,14 @@ static void test_max_context_per_link(void **state) {
 static void test_amdahl_bound(void **state) {
   (void)state;
   for (double f = 0; f <= 1.0; f += 0.125) {
-    near(kvt_amdahl_bound(f, 0.25), 1 / (1 - 3 * f / 4), 1e-15);
-    near(kvt_amdahl_bound(f, 0.5), 1 / (1 - f / 2), 1e-15);
-    near(kvt_amdahl_bound(f, 0.75), 1 / (1 - f / 4), 1e-15);
+    near(kvt_model_amdahl_bound(f, 0.25), 1 / (1 - 3 * f / 4), 1e-15);
+    near(kvt_model_amdahl_bound(f, 0.5), 1 / (1 - f / 2), 1e-15);
+    near(kvt_model_amdahl_bound(f, 0.75), 1 / (1 - f / 4), 1e-15);
   }
-  near(kvt_amdahl_bound(1, 0.25), 4, 0);
-  near(kvt_amdahl_bound(0, 0.25), 1, 0);
-  assert_true(isnan(kvt_amdahl_bound(1.5, 0.5)));
-  assert_true(isnan(kvt_amdahl_bound(0.5, -0.1)));
+  near(kvt_model_amdahl_bound(1, 0.25), 4, 0);
+  near(kvt_model_amdahl_bound(0, 0.25), 1, 0);
+  assert_true(isnan(kvt_model_amdahl_bound(1.5, 0.5)));
+  assert_true(isnan(kvt_model_amdahl_bound(0.5, -0.1)));
 }
 
 /* BACKGROUND: at 7B and 2K context, weights are 94-99% of a step's bytes
@@ -284,8 +285,8 @@ static void test_weights_dominate_short_context(void **state) {
   for (size_t i = 0; i < 2; i++)
     for (double b = 1; b <= 2; b++) {
       kvt_model_arch m = preset(models[i]);
-      kvt_kv_rate r = rate(models[i], "raw");
-      const double w = kvt_model_weight_bytes(&m), kv = b * kvt_kv_seq_bytes(&r, 2048);
+      kvt_model_kv_rate r = rate(models[i], "raw");
+      const double w = kvt_model_weight_bytes(&m), kv = b * kvt_model_seq_bytes(&r, 2048);
       const double share = w / (w + kv);
       assert_true(share >= 0.94 && share <= 0.99);
     }
@@ -300,18 +301,18 @@ static void test_weights_dominate_short_context(void **state) {
 static void test_itl_breakeven_vllm_7000(void **state) {
   (void)state;
   double t;
-  assert_int_equal(kvt_itl_breakeven(4.37e-5, 6.44, 2.37e-5, 6.58, &t), 0);
+  assert_int_equal(curve_itl_breakeven(4.37e-5, 6.44, 2.37e-5, 6.58, &t), 0);
   near(t, 7000, 1e-9);
-  assert_int_equal(kvt_itl_breakeven(1e-5, 1, 1e-5, 2, &t), KVT_ERANGE);
-  assert_int_equal(kvt_itl_breakeven(2, 1, 1, 0, &t), 0); /* new faster everywhere */
+  assert_int_equal(curve_itl_breakeven(1e-5, 1, 1e-5, 2, &t), KVT_ERANGE);
+  assert_int_equal(curve_itl_breakeven(2, 1, 1, 0, &t), 0); /* new faster everywhere */
   near(t, -1, 0);
 }
 
 static void test_fit_line_by_hand(void **state) {
   (void)state;
   const double x[] = {1, 2, 3}, y[] = {1, 2, 2};
-  kvt_line_fit f;
-  assert_int_equal(kvt_fit_line(NULL, x, y, 3, &f), 0);
+  curve_line_fit f;
+  assert_int_equal(curve_fit_line(x, y, 3, &f, NULL, 0), 0);
   near(f.slope, 0.5, 1e-15);
   near(f.intercept, 2.0 / 3, 1e-15);
   near(f.r2, 0.75, 1e-14);
@@ -320,28 +321,28 @@ static void test_fit_line_by_hand(void **state) {
   double ty[4];
   for (int i = 0; i < 4; i++)
     ty[i] = 4.37e-5 * tx[i] + 6.44;
-  assert_int_equal(kvt_fit_line(NULL, tx, ty, 4, &f), 0);
+  assert_int_equal(curve_fit_line(tx, ty, 4, &f, NULL, 0), 0);
   near(f.slope, 4.37e-5, 1e-9);
   near(f.intercept, 6.44, 1e-12);
   near(f.r2, 1, 1e-12);
   const double same[] = {5, 5, 5};
-  assert_int_equal(kvt_fit_line(NULL, same, y, 3, &f), KVT_ERANGE);
-  assert_int_equal(kvt_fit_line(NULL, x, y, 1, &f), -EINVAL);
+  assert_int_equal(curve_fit_line(same, y, 3, &f, NULL, 0), KVT_ERANGE);
+  assert_int_equal(curve_fit_line(x, y, 1, &f, NULL, 0), -EINVAL);
   const double bad[] = {1, NAN, 3};
-  assert_int_equal(kvt_fit_line(NULL, bad, y, 3, &f), -EINVAL);
+  assert_int_equal(curve_fit_line(bad, y, 3, &f, NULL, 0), -EINVAL);
 }
 
 /* BACKGROUND: S(B) = 3.75 B^1.32 / (5.1^1.32 + B^1.32). */
 static void test_hill_curve_and_batches(void **state) {
   (void)state;
-  near(kvt_hill(3.75, 5.1, 1.32, 5.1), 3.75 / 2, 1e-15);
-  near(kvt_hill(3.75, 5.1, 1.32, 32), 3.75 * pow(32, 1.32) / (pow(5.1, 1.32) + pow(32, 1.32)),
+  near(curve_hill(3.75, 5.1, 1.32, 5.1), 3.75 / 2, 1e-15);
+  near(curve_hill(3.75, 5.1, 1.32, 32), 3.75 * pow(32, 1.32) / (pow(5.1, 1.32) + pow(32, 1.32)),
        1e-15);
-  near(kvt_hill_batch_at(5.1, 1.32, 0.8), 5.1 * pow(4, 1 / 1.32), 1e-15);
-  near(kvt_hill_batch_at(5.1, 1.32, 0.95), 5.1 * pow(19, 1 / 1.32), 1e-15);
-  near(kvt_hill(3.75, 5.1, 1.32, kvt_hill_batch_at(5.1, 1.32, 0.8)), 0.8 * 3.75, 1e-12);
-  assert_true(isnan(kvt_hill_batch_at(5.1, 1.32, 1.0)));
-  near(kvt_hill(3.75, 5.1, 1.32, 0), 0, 0);
+  near(curve_hill_batch_at(5.1, 1.32, 0.8), 5.1 * pow(4, 1 / 1.32), 1e-15);
+  near(curve_hill_batch_at(5.1, 1.32, 0.95), 5.1 * pow(19, 1 / 1.32), 1e-15);
+  near(curve_hill(3.75, 5.1, 1.32, curve_hill_batch_at(5.1, 1.32, 0.8)), 0.8 * 3.75, 1e-12);
+  assert_true(isnan(curve_hill_batch_at(5.1, 1.32, 1.0)));
+  near(curve_hill(3.75, 5.1, 1.32, 0), 0, 0);
 }
 
 static void test_fit_hill_recovers_published_curve(void **state) {
@@ -349,9 +350,9 @@ static void test_fit_hill_recovers_published_curve(void **state) {
   const double b[] = {1, 2, 4, 8, 16, 32, 64, 128};
   double s[8];
   for (int i = 0; i < 8; i++)
-    s[i] = kvt_hill(3.75, 5.1, 1.32, b[i]);
-  kvt_hill_fit h;
-  assert_int_equal(kvt_fit_hill(NULL, b, s, 8, &h), 0);
+    s[i] = curve_hill(3.75, 5.1, 1.32, b[i]);
+  curve_hill_fit h;
+  assert_int_equal(curve_fit_hill(b, s, 8, &h, NULL, 0), 0);
   near(h.smax, 3.75, 1e-5);
   near(h.bhalf, 5.1, 1e-5);
   near(h.gamma, 1.32, 1e-5);
@@ -361,17 +362,17 @@ static void test_fit_hill_recovers_published_curve(void **state) {
   const double noise[] = {0.1, -0.2, 0.15, -0.1, 0.2, -0.15, 0.1, -0.05};
   for (int i = 0; i < 8; i++)
     s[i] += noise[i];
-  assert_int_equal(kvt_fit_hill(NULL, b, s, 8, &h), 0);
+  assert_int_equal(curve_fit_hill(b, s, 8, &h, NULL, 0), 0);
   assert_true(h.r2 < 1 && h.r2 > 0.9);
   assert_true(fabs(h.smax - 3.75) < 0.5);
   const double flat[] = {2, 2, 2, 2}; /* saturated from the start: still terminates */
-  assert_int_equal(kvt_fit_hill(NULL, b, flat, 4, &h), 0);
+  assert_int_equal(curve_fit_hill(b, flat, 4, &h, NULL, 0), 0);
   near(h.smax, 2, 1e-6);
-  assert_int_equal(kvt_fit_hill(NULL, b, s, 2, &h), -EINVAL);
+  assert_int_equal(curve_fit_hill(b, s, 2, &h, NULL, 0), -EINVAL);
   const double zero_b[] = {0, 1, 2};
-  assert_int_equal(kvt_fit_hill(NULL, zero_b, s, 3, &h), -EINVAL);
+  assert_int_equal(curve_fit_hill(zero_b, s, 3, &h, NULL, 0), -EINVAL);
   const double neg[] = {-1, -1, -1};
-  assert_int_equal(kvt_fit_hill(NULL, b, neg, 3, &h), KVT_ERANGE);
+  assert_int_equal(curve_fit_hill(b, neg, 3, &h, NULL, 0), KVT_ERANGE);
 }
 
 /* 2 N T + per layer 2 P q_heads (dqk + dpv). */
@@ -384,39 +385,39 @@ static void test_prefill_flops_by_hand(void **state) {
   m.k_dim = 8;
   m.params = 1000;
   /* T = 10: 2 x 1000 x 10 + 2 layers x 2 x 55 pairs x 4 x 16 */
-  near(kvt_prefill_flops(&m, 10), 20000 + 2 * 2 * 55 * 4 * 16, 0);
+  near(kvt_model_prefill_flops(&m, 10), 20000 + 2 * 2 * 55 * 4 * 16, 0);
   m.window = 4;
   m.window_layers[0] = 2; /* layer 1: pairs 10 + 6 x 4 = 34 */
-  near(kvt_prefill_flops(&m, 10), 20000 + 2 * (55 + 34) * 4 * 16, 0);
+  near(kvt_model_prefill_flops(&m, 10), 20000 + 2 * (55 + 34) * 4 * 16, 0);
   /* MoE counts active parameters; MLA its own q.k / p.v dims */
   kvt_model_arch d = preset("deepseek-v3");
-  near(kvt_prefill_flops(&d, 1000), 2 * 37e9 * 1000 + 61 * 2 * 500500.0 * 128 * (192 + 128),
+  near(kvt_model_prefill_flops(&d, 1000), 2 * 37e9 * 1000 + 61 * 2 * 500500.0 * 128 * (192 + 128),
        1e-12);
 }
 
 static void test_advise_capacity_and_restore(void **state) {
   (void)state;
   kvt_model_arch m = preset("llama-3.1-8b");
-  kvt_kv_rate r = rate("llama-3.1-8b", "raw");
-  kvt_advice_config c = KVT_ADVICE_CONFIG_INIT;
+  kvt_model_kv_rate r = rate("llama-3.1-8b", "raw");
+  kvt_model_advice_config c = KVT_MODEL_ADVICE_CONFIG_INIT;
   c.hbm_free_bytes = 40.0 * 1073741824;
   c.batch = 3;
   c.context = 131072; /* 16 GiB a sequence */
-  kvt_advice a;
-  assert_int_equal(kvt_advise(NULL, &m, &r, &c, &a), 0);
+  kvt_model_advice a;
+  assert_int_equal(kvt_model_advise(NULL, &m, &r, &c, &a), 0);
   near(a.seq_bytes, 131072.0 * 131072, 0);
   near(a.sequences_fit, 2, 0);
   assert_false(a.batch_fits);
-  near(a.prefill_s, kvt_prefill_flops(&m, 131072) / (989e12 * 0.5), 1e-15);
+  near(a.prefill_s, kvt_model_prefill_flops(&m, 131072) / (989e12 * 0.5), 1e-15);
   c.tflops = 100;
   c.mfu = 1;
-  assert_int_equal(kvt_advise(NULL, &m, &r, &c, &a), 0);
-  near(a.prefill_s, kvt_prefill_flops(&m, 131072) / 100e12, 1e-15);
-  near(kvt_restore_seconds(64e9, 64e9, 0), 1, 0);
-  near(kvt_restore_seconds(55.6e9, 64e9, 55.6 / 64), 1, 1e-15);
-  assert_true(isinf(kvt_restore_seconds(1, 0, 1)));
+  assert_int_equal(kvt_model_advise(NULL, &m, &r, &c, &a), 0);
+  near(a.prefill_s, kvt_model_prefill_flops(&m, 131072) / 100e12, 1e-15);
+  near(kvt_model_restore_seconds(64e9, 64e9, 0), 1, 0);
+  near(kvt_model_restore_seconds(55.6e9, 64e9, 55.6 / 64), 1, 1e-15);
+  assert_true(isinf(kvt_model_restore_seconds(1, 0, 1)));
   c.mfu = 2;
-  assert_int_equal(kvt_advise(NULL, &m, &r, &c, &a), -EINVAL);
+  assert_int_equal(kvt_model_advise(NULL, &m, &r, &c, &a), -EINVAL);
 }
 
 static void test_links(void **state) {
@@ -426,32 +427,32 @@ static void test_links(void **state) {
                                      "rdma-200g", "nvme-gen4", "nvme-gen4-x4", "nvme-gen5",
                                      "nvme-gen5-x4"};
   for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
-    const kvt_link *l = kvt_link_find(want[i]);
+    const kvt_model_link *l = kvt_model_link_find(want[i]);
     assert_non_null(l);
     assert_true(l->GBps > 0);
   }
-  near(kvt_link_find("hbm3-h100")->GBps, 3350, 0);
-  near(kvt_link_find("NVLINK4")->GBps, 900, 0);
-  near(kvt_link_find("pcie5-x16")->GBps, 64, 0);
-  near(kvt_link_find("rdma-400g")->GBps, 50, 0);
-  near(kvt_link_find("nvme-gen5-x4")->GBps, 4 * kvt_link_find("nvme-gen5")->GBps, 0);
-  assert_null(kvt_link_find("token-ring"));
-  assert_null(kvt_link_preset(sizeof(want) / sizeof(want[0])));
+  near(kvt_model_link_find("hbm3-h100")->GBps, 3350, 0);
+  near(kvt_model_link_find("NVLINK4")->GBps, 900, 0);
+  near(kvt_model_link_find("pcie5-x16")->GBps, 64, 0);
+  near(kvt_model_link_find("rdma-400g")->GBps, 50, 0);
+  near(kvt_model_link_find("nvme-gen5-x4")->GBps, 4 * kvt_model_link_find("nvme-gen5")->GBps, 0);
+  assert_null(kvt_model_link_find("token-ring"));
+  assert_null(kvt_model_link_preset(sizeof(want) / sizeof(want[0])));
 }
 
 static void test_project_rejects_bad_config(void **state) {
   (void)state;
-  kvt_kv_rate r = rate("llama-3.1-8b", "raw");
-  kvt_projection p;
-  kvt_projection_config c = cfg(0, 1024, 10, 1);
-  assert_int_equal(kvt_project(NULL, &r, &c, &p), -EINVAL);
+  kvt_model_kv_rate r = rate("llama-3.1-8b", "raw");
+  kvt_model_projection p;
+  kvt_model_projection_config c = cfg(0, 1024, 10, 1);
+  assert_int_equal(kvt_model_project(NULL, &r, &c, &p), -EINVAL);
   c = cfg(1, 1024, 0, 1);
-  assert_int_equal(kvt_project(NULL, &r, &c, &p), -EINVAL);
+  assert_int_equal(kvt_model_project(NULL, &r, &c, &p), -EINVAL);
   c = cfg(1, INFINITY, 10, 1);
-  assert_int_equal(kvt_project(NULL, &r, &c, &p), -EINVAL);
+  assert_int_equal(kvt_model_project(NULL, &r, &c, &p), -EINVAL);
   c = cfg(1, 1024, 10, 1);
   c.struct_size = 8;
-  assert_int_equal(kvt_project(NULL, &r, &c, &p), -EINVAL);
+  assert_int_equal(kvt_model_project(NULL, &r, &c, &p), -EINVAL);
 }
 
 int main(void) {

@@ -273,8 +273,8 @@ static void test_serde_round_trips_vllm_interleaved_strided_view(void **state) {
     size_t arena_n = (size_t)(s.L * sl);
     uint16_t *arena = malloc(2 * arena_n);
     assert_non_null(arena);
-    kvt_kv_view view = {arena, arena + plane, {sl, st, sh}, {sl, st, sh}, s.L,
-                        s.T,   s.H,           s.D,          s.dtype};
+    kvt_kv_view view = {sizeof(kvt_kv_view), arena, arena + plane, {sl, st, sh}, {sl, st, sh},
+                        s.L, s.T, s.H, s.D, s.dtype};
     strided_round_trip(&s, &view, arena, arena_n);
     free(arena);
     sample_free(&s);
@@ -291,8 +291,8 @@ static void test_serde_round_trips_heads_major_view(void **state) {
     uint16_t *arena = malloc(2 * arena_n);
     assert_non_null(arena);
     /* K [layer][head][token][dim], V the same after all of K. */
-    kvt_kv_view view = {arena, arena + s.L * sl, {sl, st, sh}, {sl, st, sh}, s.L, s.T, s.H,
-                        s.D,   s.dtype};
+    kvt_kv_view view = {sizeof(kvt_kv_view), arena, arena + s.L * sl, {sl, st, sh}, {sl, st, sh},
+                        s.L, s.T, s.H, s.D, s.dtype};
     strided_round_trip(&s, &view, arena, arena_n);
     free(arena);
     sample_free(&s);

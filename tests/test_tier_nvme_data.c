@@ -55,7 +55,7 @@ static int setup(void **state, const char *engine) {
   const char *base = getenv("TMPDIR");
   snprintf(f->dir, sizeof(f->dir), "%s/kvt_nvd_XXXXXX", base ? base : "/tmp");
   kvt_ctx_config cfg = KVT_CTX_CONFIG_INIT;
-  cfg.allocator = (kvt_allocator){counting_alloc, counting_free, &f->live};
+  cfg.allocator = (kvt_allocator){counting_alloc, counting_free, &f->live, {0, 0}};
   if (!mkdtemp(f->dir) || kvt_ctx_create(&cfg, &f->ctx) != 0) {
     free(f);
     return -1;

@@ -240,7 +240,8 @@ void kvt_tier_complete(kvt_tier *t, kvt_tier_op *op) {
 }
 
 static int valid_op(const kvt_tier_op *op) {
-  if (!op || op->opcode < KVT_TIER_PUT || op->opcode > KVT_TIER_QUERY || op->flags)
+  if (!op || op->opcode < KVT_TIER_PUT || op->opcode > KVT_TIER_QUERY || op->flags ||
+      op->reserved[0] || op->reserved[1])
     return 0;
   if ((op->opcode == KVT_TIER_PUT || op->opcode == KVT_TIER_GET) && op->len && !op->buf)
     return 0;
@@ -487,9 +488,7 @@ uint32_t kvt_tier_traits(const kvt_tier *t) {
 int kvt_tier_borrow(kvt_tier *t, const kvt_key *key, kvt_tier_loan *loan) {
   if (!t || !key || !loan)
     return -EINVAL;
-  loan->data = NULL;
-  loan->len = 0;
-  loan->internal = NULL;
+  memset(loan, 0, sizeof(*loan));
   if (!HAS_MEMBER(t->be, borrow) || !HAS_MEMBER(t->be, unborrow))
     return KVT_ENOTSUP;
   const int rc = t->be->borrow(t->state, key, loan);

@@ -158,6 +158,9 @@ typedef struct kvt_cache_get_req {
   uint64_t len;      /* out: the payload's length (also on KVT_ENOBUFS) */
   int32_t result;    /* out: as kvt_cache_get() returns */
   int32_t tier;      /* out: the tier that served it, -1 if none */
+  uint64_t reserved[2]; /* zero (memset the request): later inputs, whose
+                           zero means what 0.3 does. Fixed size: requests
+                           are passed as an array */
 } kvt_cache_get_req;
 
 /* Gets n payloads with up to max_in_flight reads outstanding per tier (0:
@@ -165,7 +168,8 @@ typedef struct kvt_cache_get_req {
  * rather than one read at a time. Each request gets its own result, with
  * the checks and counters of kvt_cache_get(); promotions, when on, run after
  * all reads are done. A key may appear more than once. Returns 0 once every
- * request has a result, or -EINVAL or -ENOMEM (nothing done). */
+ * request has a result, or -EINVAL (a NULL buf with a capacity, reserved
+ * fields not zero) or -ENOMEM (nothing done). */
 KVT_API int kvt_cache_get_many(kvt_cache *cache, kvt_cache_get_req *reqs, size_t n,
                                uint32_t max_in_flight);
 
@@ -178,6 +182,7 @@ typedef struct kvt_cache_loan {
   uint64_t len;
   int32_t tier;       /* the tier lending it */
   void *internal[3];  /* library-owned */
+  uint64_t reserved[2]; /* zeroed by kvt_cache_borrow: later outputs */
 } kvt_cache_loan;
 
 /* Lends the payload under key from its hottest tier, after the header
@@ -223,15 +228,16 @@ typedef struct kvt_cache_plan {
   uint64_t tier_bytes[KVT_CACHE_MAX_TIERS]; /* payload bytes of the prefix,
                                                by the hottest tier holding each chunk */
   double link_GBps[KVT_CACHE_MAX_TIERS];    /* the links used (config.links) */
-  double restore_s;         /* sum of kvt_restore_seconds(tier_bytes, link) */
-  double recompute_s;       /* kvt_prefill_seconds(model, cached_tokens, ...); 0 without a model */
+  double restore_s;         /* sum of kvt_model_restore_seconds(tier_bytes, link) */
+  double recompute_s;       /* kvt_model_prefill_seconds(model, cached_tokens, ...);
+                               0 without a model */
   int restore_pays;         /* model given and restore_s < recompute_s */
 } kvt_cache_plan;
 
 /* Fills *out (set out->struct_size first; a shorter, older struct gets the
  * fields it has) for the leading chunks of tokens[0..n) that are cached,
  * like a lookup but without touching anything. model may be NULL (no recompute
- * estimate); tflops and mfu as kvt_prefill_seconds() (0: its defaults).
+ * estimate); tflops and mfu as kvt_model_prefill_seconds() (0: its defaults).
  * Returns 0 or -EINVAL (no fingerprint configured, bad arguments). */
 KVT_API int kvt_cache_plan_restore(kvt_cache *cache, const uint32_t *tokens, size_t n,
                                    const kvt_model_arch *model, double tflops, double mfu,

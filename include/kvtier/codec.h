@@ -61,13 +61,18 @@ typedef struct kvt_codec_spec {
   uint16_t group;   /* i4 group size; even, divides head_dim when along dim */
   uint16_t block;   /* tokens per scale block for KVT_SCALE_BLOCK */
   uint64_t raw_layers[KVT_MAX_RAW_LAYER / 64]; /* bit l: layer l stays n16 */
+  /* Zero (kvt_codec_validate refuses anything else, KVT_ESPEC): room for
+   * later options, whose zero will mean what 0.3 does. A fixed-size value
+   * type, so it may be embedded in other structs (docs/API.md). */
+  uint64_t reserved[2];
 } kvt_codec_spec;
 
 /* A raw spec with every option at its default (group 32, block 16, scale per
  * token, i4 keys grouped along tokens). */
-#define KVT_CODEC_SPEC_INIT {0, 0, 0, 1, 32, 16, {0, 0, 0, 0}}
+#define KVT_CODEC_SPEC_INIT {0, 0, 0, 1, 32, 16, {0, 0, 0, 0}, {0, 0}}
 
-/* Parses spec text into *out (written only on success). Returns 0 or
+/* Parses spec text into *out (written only on success; reserved fields
+ * zeroed). Returns 0 or
  * KVT_ESPEC with the offending word in kvt_ctx_last_error(ctx); ctx may be
  * NULL. */
 KVT_API int kvt_codec_parse(kvt_ctx *ctx, const char *text, kvt_codec_spec *out);
@@ -79,7 +84,8 @@ KVT_API int kvt_codec_parse(kvt_ctx *ctx, const char *text, kvt_codec_spec *out)
  * suffices). */
 KVT_API int kvt_codec_format(const kvt_codec_spec *spec, char *buf, size_t cap);
 
-/* Checks a spec's fields. Returns 0 or KVT_ESPEC (detail in ctx, may be NULL). */
+/* Checks a spec's fields (reserved ones must be zero). Returns 0 or
+ * KVT_ESPEC (detail in ctx, may be NULL). */
 KVT_API int kvt_codec_validate(kvt_ctx *ctx, const kvt_codec_spec *spec);
 
 /* The format actually used for keys (is_value = 0) or values (1) of an
@@ -96,6 +102,7 @@ KVT_API const char *kvt_dtype_name(int dtype);
  * contiguous. Strides may be any value, including ones that interleave K and
  * V or skip over other data. For encode k/v are read; for decode written. */
 typedef struct kvt_kv_view {
+  size_t struct_size; /* sizeof(kvt_kv_view): KVT_KV_VIEW_INIT or kvt_kv_view_dense */
   void *k;
   void *v;
   int64_t k_stride[3]; /* layer, token, head */
@@ -104,7 +111,11 @@ typedef struct kvt_kv_view {
   int dtype; /* enum kvt_dtype */
 } kvt_kv_view;
 
-/* Fills *view for dense [layer][token][head][dim] arrays k and v. */
+#define KVT_KV_VIEW_INIT \
+  { sizeof(kvt_kv_view), NULL, NULL, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, KVT_DTYPE_BF16 }
+
+/* Fills every field of *view (struct_size included) for dense
+ * [layer][token][head][dim] arrays k and v. */
 KVT_API void kvt_kv_view_dense(kvt_kv_view *view, void *k, void *v, int dtype,
                                uint32_t layers, uint32_t tokens, uint32_t heads,
                                uint32_t head_dim);

@@ -28,11 +28,13 @@ typedef struct kvt_ctx kvt_ctx;
 
 /* Allocator hooks. alloc returns memory aligned to at least `alignment`
  * (a power of two, at most 4096) or NULL; free accepts NULL. Both are
- * called from whichever thread is using the context. */
+ * called from whichever thread is using the context. A fixed-size value
+ * embedded in kvt_ctx_config: later hooks take the reserved tail. */
 typedef struct kvt_allocator {
   void *(*alloc)(void *opaque, size_t size, size_t alignment);
   void (*free)(void *opaque, void *ptr);
   void *opaque;
+  uint64_t reserved[2]; /* zero (kvt_ctx_create refuses others, -EINVAL) */
 } kvt_allocator;
 
 enum kvt_log_level {
@@ -65,11 +67,12 @@ typedef struct kvt_ctx_config {
 } kvt_ctx_config;
 
 #define KVT_CTX_CONFIG_INIT \
-  { sizeof(kvt_ctx_config), {NULL, NULL, NULL}, NULL, NULL, KVT_LOG_WARN, KVT_SIMD_AUTO }
+  { sizeof(kvt_ctx_config), {NULL, NULL, NULL, {0, 0}}, NULL, NULL, KVT_LOG_WARN, KVT_SIMD_AUTO }
 
 /* Creates a context. cfg may be NULL for defaults. *out is written only on
  * success. Returns 0, -EINVAL (bad config: struct_size too small, half an
- * allocator given), -ENOMEM, or KVT_ENOTSUP (requested SIMD path missing). */
+ * allocator given, its reserved fields not zero), -ENOMEM, or KVT_ENOTSUP
+ * (requested SIMD path missing). */
 KVT_API int kvt_ctx_create(const kvt_ctx_config *cfg, kvt_ctx **out);
 
 /* Frees the context and every buffer it cached. Accepts NULL. */

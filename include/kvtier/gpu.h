@@ -136,16 +136,18 @@ KVT_API int kvt_gpu_host_unregister(kvt_ctx *ctx, void *p);
  * layer_count) (absolute; within the layout). */
 typedef struct kvt_gpu_store_params {
   size_t struct_size;         /* sizeof(kvt_gpu_store_params) */
-  kvt_encode_params encode;   /* spec, key, fingerprint, model_layers (0:
-                                 layer_count, as kvt_encode), layer_begin,
-                                 token_begin; zstd_level must be 0 */
+  /* Host memory, read during the call only: spec, key, fingerprint,
+   * model_layers (0: layer_count, as kvt_encode), layer_begin, token_begin;
+   * zstd_level must be 0. The same params kvt_encode() takes, so one
+   * kvt_encode_params gives the same payload bytes from the CPU and the GPU.
+   * A pointer, not a member, so either struct can grow (docs/API.md). */
+  const kvt_encode_params *encode;
   uint32_t layer_count;       /* layers stored */
   uint32_t tokens;            /* chunk tokens: entries of slots */
   const int64_t *slots;       /* device array [tokens]: each in [0, num_blocks*block_size) */
 } kvt_gpu_store_params;
 
-#define KVT_GPU_STORE_PARAMS_INIT \
-  { sizeof(kvt_gpu_store_params), KVT_ENCODE_PARAMS_INIT, 0, 0, NULL }
+#define KVT_GPU_STORE_PARAMS_INIT { sizeof(kvt_gpu_store_params), NULL, 0, 0, NULL }
 
 /* Bytes the payload of a store takes (exact, as kvt_encode_bound()), after
  * the checks kvt_gpu_store_async makes of p. */
@@ -170,7 +172,8 @@ KVT_API int kvt_gpu_store_bound(kvt_gpu_layout *layout, const kvt_gpu_store_para
  * Slots outside [0, num_blocks*block_size) are read as zeros. dst must be
  * 16-byte aligned and not in use by work still queued on the GPU (the header
  * is written from the host at once).
- * Returns 0; -EINVAL; KVT_ESPEC; KVT_ESHAPE (dtype, heads or head_dim differ
+ * Returns 0; -EINVAL (NULL p or p->encode, a struct_size too small);
+ * KVT_ESPEC; KVT_ESHAPE (dtype, heads or head_dim differ
  * from the layout's, layers outside it, i4 shape rules); KVT_ETOOBIG;
  * KVT_ENOBUFS; KVT_ENOTSUP (zstd asked for; dst pageable host memory);
  * KVT_ECUDA; and from finish KVT_ENONFINITE, KVT_ERANGE. */
@@ -244,10 +247,9 @@ typedef struct kvt_gpu_load_params {
  * of what is left, at least 2 MiB, at most a slot), and the kernel loads
  * each piece from device memory while the next one copies. The copy moves
  * the payload's compressed bytes only; dequantization still happens in the
- * kernel's registers. (On an H200 over PCIe 5, staged loads reached
- * 0.88-0.97x of cudaMemcpy of the same bytes at 10-32 MiB and 0.96-0.99x
- * beyond; zero copy 0.88-0.93x.) Work queued on `stream` before the call
- * runs before the copies read the payload. A load with a layer larger than
+ * kernel's registers (measured ratios to cudaMemcpy: README.md, GPU
+ * section). Work queued on `stream` before the call runs before the copies
+ * read the payload. A load with a layer larger than
  * a staging slot (staging_bytes / 3) is read from host memory by the kernel
  * (zero copy), as is every load on a handle without staging memory. Staged
  * loads on one handle share its slots and are ordered by events, so loads

@@ -14,7 +14,7 @@
  *
  * with B sequences, context T, target inter-token latency tau and k tokens
  * accepted per speculative verification (1 without speculation). Bytes per
- * element are never tabulated here: kvt_kv_rate_get() asks the codec
+ * element are never tabulated here: kvt_model_kv_rate_get() asks the codec
  * (kvt_encode_bound(), kvtier/payload.h) what a chunk of each layer encodes
  * to, so this model and the payloads the library writes cannot disagree.
  * The cache uses these same functions to say whether restoring a cached
@@ -109,132 +109,95 @@ KVT_API double kvt_model_weight_bytes(const kvt_model_arch *m);
 /* --- bytes per token, from the codec ------------------------------------ */
 
 /* KV bytes per token of context, split by the layers' reach. */
-typedef struct kvt_kv_rate {
-  size_t struct_size;   /* sizeof(kvt_kv_rate) */
+typedef struct kvt_model_kv_rate {
+  size_t struct_size;   /* sizeof(kvt_model_kv_rate) */
   double full_bytes;    /* per token, summed over layers that read all of it */
   double window_bytes;  /* per token, summed over sliding-window layers */
   uint32_t window;      /* tokens those layers read at most */
   uint32_t chunk_tokens;/* tokens per chunk the codec was asked about */
   double elements;      /* K and V elements per token over all layers */
-} kvt_kv_rate;
+} kvt_model_kv_rate;
 
-#define KVT_KV_RATE_INIT { sizeof(kvt_kv_rate), 0.0, 0.0, 0, 0, 0.0 }
+#define KVT_MODEL_KV_RATE_INIT \
+  { sizeof(kvt_model_kv_rate), 0.0, 0.0, 0, 0, 0.0 }
 
 /* Bytes per token of model m under codec spec, from kvt_encode_bound():
  * the bytes a payload grows by per token, per layer (raw= overrides
  * honoured), excluding the per-payload header. Exact when the chunk is a
  * multiple of the codec's group and block sizes, which the function picks
  * (256 tokens, or a multiple of 16 x group and 16 x block up to 2^18).
- * out->struct_size must be set (KVT_KV_RATE_INIT); *out is written only on
+ * out->struct_size must be set (KVT_MODEL_KV_RATE_INIT); *out is written only on
  * success. Returns 0, -EINVAL (NULL spec or out, struct_size too small),
  * KVT_ESPEC, KVT_ESHAPE (the model is invalid, or the codec cannot encode
  * its shape, e.g. an i4 group that does not divide the head dim) or
  * KVT_ETOOBIG. */
-KVT_API int kvt_kv_rate_get(kvt_ctx *ctx, const kvt_model_arch *m, const kvt_codec_spec *spec,
-                            kvt_kv_rate *out);
+KVT_API int kvt_model_kv_rate_get(kvt_ctx *ctx, const kvt_model_arch *m, const kvt_codec_spec *spec,
+                                  kvt_model_kv_rate *out);
 
 /* KV bytes one sequence holds at context tokens:
  * full_bytes * tokens + window_bytes * min(tokens, window). */
-KVT_API double kvt_kv_seq_bytes(const kvt_kv_rate *r, double tokens);
+KVT_API double kvt_model_seq_bytes(const kvt_model_kv_rate *r, double tokens);
 
 /* Mean bytes per element (16-bit source = 2.0). */
-KVT_API double kvt_kv_bytes_per_element(const kvt_kv_rate *r);
+KVT_API double kvt_model_bytes_per_element(const kvt_model_kv_rate *r);
 
 /* --- decode bandwidth ----------------------------------------------------- */
 
-typedef struct kvt_projection_config {
-  size_t struct_size; /* sizeof(kvt_projection_config) */
+typedef struct kvt_model_projection_config {
+  size_t struct_size; /* sizeof(kvt_model_projection_config) */
   double batch;       /* sequences decoded together, > 0 */
   double context;     /* tokens of context per sequence, > 0 */
   double step_ms;     /* target inter-token latency tau, ms, > 0 */
   double spec_k;      /* tokens accepted per verification; 0 or 1: none */
-} kvt_projection_config;
+} kvt_model_projection_config;
 
-#define KVT_PROJECTION_CONFIG_INIT { sizeof(kvt_projection_config), 1.0, 0.0, 10.0, 1.0 }
+#define KVT_MODEL_PROJECTION_CONFIG_INIT \
+  { sizeof(kvt_model_projection_config), 1.0, 0.0, 10.0, 1.0 }
 
-typedef struct kvt_projection {
+typedef struct kvt_model_projection {
   double seq_bytes;       /* KV of one sequence at the context */
   double bytes_per_token; /* seq_bytes / context (lower with windowed layers) */
   double step_bytes;      /* batch x seq_bytes: KV read per decode step */
   double required_Bps;    /* step_bytes / (tau x k) */
-} kvt_projection;
+  uint64_t reserved[4];   /* zeroed by kvt_model_project: later outputs */
+} kvt_model_projection;
 
 /* Projects the KV traffic of decode. Returns 0 or -EINVAL for a config out
  * of range (NULL, struct_size too small, non-positive or non-finite). */
-KVT_API int kvt_project(kvt_ctx *ctx, const kvt_kv_rate *r, const kvt_projection_config *c,
-                        kvt_projection *out);
+KVT_API int kvt_model_project(kvt_ctx *ctx, const kvt_model_kv_rate *r,
+                              const kvt_model_projection_config *c, kvt_model_projection *out);
 
 /* required / link: how many times short a link falls (< 1: it suffices). */
-KVT_API double kvt_shortfall(double required_Bps, double link_Bps);
+KVT_API double kvt_model_shortfall(double required_Bps, double link_Bps);
 
 /* The longest context a link of link_Bps can feed at the config's batch,
  * tau and k (c->context is ignored), into *tokens (whole tokens, rounded
  * down; INFINITY when every layer is windowed and the link feeds the
  * windows). Returns 0 or -EINVAL. */
-KVT_API int kvt_max_context(kvt_ctx *ctx, const kvt_kv_rate *r, const kvt_projection_config *c,
-                            double link_Bps, double *tokens);
+KVT_API int kvt_model_max_context(kvt_ctx *ctx, const kvt_model_kv_rate *r,
+                                  const kvt_model_projection_config *c, double link_Bps,
+                                  double *tokens);
 
 /* Amdahl bound on the decode speedup from storing KV at a fraction r of
  * its bytes when KV is a fraction f of the bytes a step reads:
  * 1 / (1 - f (1 - r)). f and r in [0, 1]; NAN outside. */
-KVT_API double kvt_amdahl_bound(double f, double r);
+KVT_API double kvt_model_amdahl_bound(double f, double r);
 
 /* --- links ---------------------------------------------------------------- */
 
-typedef struct kvt_link {
+/* Library-owned and read through a pointer only (callers never allocate
+ * one), so fields may be appended without a size field or reserved tail. */
+typedef struct kvt_model_link {
   const char *name; /* "pcie5-x16" */
   const char *what; /* "PCIe 5.0 x16, one direction" */
   double GBps;      /* nominal, 1e9 bytes per second */
-} kvt_link;
+} kvt_model_link;
 
 /* Preset link i (fixed order: HBM, NVLink, PCIe, CXL, RDMA, NVMe), NULL past
  * the last. The returned struct is static. */
-KVT_API const kvt_link *kvt_link_preset(size_t i);
+KVT_API const kvt_model_link *kvt_model_link_preset(size_t i);
 /* The preset called name (case-insensitive), or NULL. */
-KVT_API const kvt_link *kvt_link_find(const char *name);
-
-/* --- measured curves ------------------------------------------------------ */
-
-/* ITL = slope * T + intercept (ms per token, ms). */
-typedef struct kvt_line_fit {
-  double slope, intercept;
-  double r2;  /* coefficient of determination; 1 when y has no variance */
-  size_t n;   /* points used */
-} kvt_line_fit;
-
-/* Context where two ITL lines cross: (new_b - base_b) / (base_a - new_a).
- * Returns 0, or KVT_ERANGE when the slopes are equal (no crossing). The
- * result may be negative (new is faster at every context when its slope is
- * also smaller). */
-KVT_API int kvt_itl_breakeven(double base_slope, double base_intercept, double new_slope,
-                              double new_intercept, double *tokens);
-
-/* Least-squares line through (x[i], y[i]). Returns 0, -EINVAL (NULL, n < 2,
- * non-finite value) or KVT_ERANGE (all x equal). */
-KVT_API int kvt_fit_line(kvt_ctx *ctx, const double *x, const double *y, size_t n,
-                         kvt_line_fit *out);
-
-/* Speedup by batch: S(B) = smax B^gamma / (bhalf^gamma + B^gamma). */
-typedef struct kvt_hill_fit {
-  double smax, bhalf, gamma;
-  double r2;       /* of the fit to the points; NAN when not fitted */
-  double batch80;  /* batch reaching 80% of smax: bhalf 4^(1/gamma) */
-  double batch95;  /* 95%: bhalf 19^(1/gamma) */
-  size_t n;
-} kvt_hill_fit;
-
-KVT_API double kvt_hill(double smax, double bhalf, double gamma, double batch);
-
-/* Batch at which S reaches fraction (0 < fraction < 1) of smax:
- * bhalf (fraction / (1 - fraction))^(1/gamma). NAN outside the domain. */
-KVT_API double kvt_hill_batch_at(double bhalf, double gamma, double fraction);
-
-/* Least squares over (batch[i], speedup[i]), batches > 0, n >= 3: smax in
- * closed form for each (bhalf, gamma), those two by a coarse log grid then
- * pattern search. Returns 0, -EINVAL or KVT_ERANGE (no fit: e.g. all
- * speedups <= 0). */
-KVT_API int kvt_fit_hill(kvt_ctx *ctx, const double *batch, const double *speedup, size_t n,
-                         kvt_hill_fit *out);
+KVT_API const kvt_model_link *kvt_model_link_find(const char *name);
 
 /* --- placement ------------------------------------------------------------ */
 
@@ -243,39 +206,41 @@ KVT_API int kvt_fit_hill(kvt_ctx *ctx, const double *batch, const double *speedu
  * 2 x P x q_heads x (qk_dim + pv_dim), where P is the number of causal
  * (query, key) pairs: T (T + 1) / 2, or sum over t of min(t, window) on a
  * windowed layer. */
-KVT_API double kvt_prefill_flops(const kvt_model_arch *m, double tokens);
+KVT_API double kvt_model_prefill_flops(const kvt_model_arch *m, double tokens);
 
-/* kvt_prefill_flops() / (tflops x 1e12 x mfu): seconds to recompute the
+/* kvt_model_prefill_flops() / (tflops x 1e12 x mfu): seconds to recompute the
  * prefill of tokens tokens (tflops 0: 989, H100 SXM dense bf16; mfu 0: 0.5). */
-KVT_API double kvt_prefill_seconds(const kvt_model_arch *m, double tokens, double tflops,
-                                   double mfu);
+KVT_API double kvt_model_prefill_seconds(const kvt_model_arch *m, double tokens, double tflops,
+                                         double mfu);
 
-typedef struct kvt_advice_config {
-  size_t struct_size;    /* sizeof(kvt_advice_config) */
+typedef struct kvt_model_advice_config {
+  size_t struct_size;    /* sizeof(kvt_model_advice_config) */
   double hbm_free_bytes; /* HBM left for KV after weights and activations */
   double batch;          /* sequences wanted at once */
   double context;        /* tokens per sequence */
   double tflops;         /* dense 16-bit peak of the GPU, TFLOP/s; 0: 989 (H100 SXM) */
   double mfu;            /* fraction of peak prefill reaches; 0: 0.5 */
-} kvt_advice_config;
+} kvt_model_advice_config;
 
-#define KVT_ADVICE_CONFIG_INIT { sizeof(kvt_advice_config), 0.0, 1.0, 0.0, 0.0, 0.0 }
+#define KVT_MODEL_ADVICE_CONFIG_INIT \
+  { sizeof(kvt_model_advice_config), 0.0, 1.0, 0.0, 0.0, 0.0 }
 
-typedef struct kvt_advice {
+typedef struct kvt_model_advice {
   double seq_bytes;      /* KV of one sequence at the context, this codec */
   double sequences_fit;  /* whole sequences HBM holds: floor(free / seq_bytes) */
   int batch_fits;        /* sequences_fit >= batch */
-  double prefill_flops;  /* kvt_prefill_flops() at the context */
+  double prefill_flops;  /* kvt_model_prefill_flops() at the context */
   double prefill_s;      /* prefill_flops / (tflops x 1e12 x mfu) */
-} kvt_advice;
+  uint64_t reserved[4];  /* zeroed by kvt_model_advise: later outputs */
+} kvt_model_advice;
 
 /* HBM capacity and recompute cost of one codec's KV. Returns 0 or -EINVAL. */
-KVT_API int kvt_advise(kvt_ctx *ctx, const kvt_model_arch *m, const kvt_kv_rate *r,
-                       const kvt_advice_config *c, kvt_advice *out);
+KVT_API int kvt_model_advise(kvt_ctx *ctx, const kvt_model_arch *m, const kvt_model_kv_rate *r,
+                             const kvt_model_advice_config *c, kvt_model_advice *out);
 
 /* Seconds to restore bytes over a link of link_Bps at efficiency (measured
  * / nominal, (0, 1]; 0 means 1). INFINITY for a link of 0 bytes/s. */
-KVT_API double kvt_restore_seconds(double bytes, double link_Bps, double efficiency);
+KVT_API double kvt_model_restore_seconds(double bytes, double link_Bps, double efficiency);
 
 #ifdef __cplusplus
 }

@@ -69,9 +69,9 @@ KVT_API int kvt_encode_bound(kvt_ctx *ctx, const kvt_codec_spec *spec, uint32_t 
 
 /* Encodes src into dst[0..cap) and writes the payload's length to *len.
  * ctx must not be NULL. Fields the spec's formats do not use are written with
- * their defaults. Returns 0; -EINVAL (NULL ctx, params, dst or len; zstd level
- * outside 0..19); KVT_ESPEC; KVT_ESHAPE (view does not fit the spec);
- * KVT_ETOOBIG (tokens, heads, head_dim or payload size over the limits above);
+ * their defaults. Returns 0; -EINVAL (NULL ctx, params, dst or len; a
+ * struct_size of params or src too small; zstd level outside 0..19);
+ * KVT_ESPEC; KVT_ESHAPE (view does not fit the spec); KVT_ETOOBIG (tokens, heads, head_dim or payload size over the limits above);
  * KVT_ENONFINITE naming layer, token and head of the first NaN/Inf in a
  * tensor to be quantized; KVT_ERANGE for an i4 group whose range does not fit
  * fp16 scales; KVT_ENOBUFS; KVT_ENOTSUP (zstd asked for, not built in);
@@ -80,7 +80,8 @@ KVT_API int kvt_encode(kvt_ctx *ctx, const kvt_encode_params *params,
                        const kvt_kv_view *src, void *dst, size_t cap,
                        size_t *len);
 
-/* What a payload's header says. */
+/* What a payload's header says. An output struct of fixed size: the library
+ * writes every byte of it, the reserved tail as zeros (docs/API.md). */
 typedef struct kvt_payload_info {
   uint16_t version_major, version_minor;
   uint32_t flags;
@@ -92,8 +93,10 @@ typedef struct kvt_payload_info {
   int dtype;
   uint32_t model_layers, layer_begin, layers, tokens, heads, head_dim;
   uint32_t token_begin;
+  uint64_t reserved[4]; /* zeroed by the library: later header fields */
 } kvt_payload_info;
 
+/* One entry of a payload's section table; output, fixed size as above. */
 typedef struct kvt_section_info {
   uint32_t layer;      /* absolute layer */
   int is_value;        /* 0: K, 1: V */
@@ -103,6 +106,7 @@ typedef struct kvt_section_info {
   uint64_t stored_size;/* bytes at offset */
   uint64_t raw_size;   /* bytes after the lossless stage is undone */
   uint64_t checksum;   /* XXH3-64 of the stored bytes */
+  uint64_t reserved[2];/* zeroed by the library: later entry fields */
 } kvt_section_info;
 
 /* Validates the header and section table of buf[0..len) (magic, version,
@@ -132,9 +136,11 @@ typedef struct kvt_decode_params {
 
 #define KVT_DECODE_PARAMS_INIT { sizeof(kvt_decode_params), NULL, NULL, 0, 0 }
 
-/* Validates buf and decodes the chosen layers into dst (ctx must not be NULL), whose tokens, heads,
- * head_dim and dtype must match the payload and whose layer count must equal
- * the layers decoded. params may be NULL (all layers, no expectations).
+/* Validates buf and decodes the chosen layers into dst (ctx must not be
+ * NULL), whose tokens, heads, head_dim and dtype must match the payload and
+ * whose layer count must equal the layers decoded (a dst or params
+ * struct_size too small: -EINVAL). params may be NULL (all layers, no
+ * expectations).
  * Section checksums are verified before each section is read; on a checksum
  * failure nothing from that section is written (earlier sections may be). A
  * foreign payload (expectation not met) is KVT_EFOREIGN. */

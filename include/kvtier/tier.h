@@ -1,5 +1,5 @@
 /* kvtier/tier.h - storage tiers: one completion-based interface for every
- * place a payload can live (DRAM, NVMe, later HBM, Redis, kvtier-server).
+ * place a payload can live (DRAM, HBM, NVMe, Redis, kvtier-server).
  *
  * A tier stores opaque payload bytes under 128-bit chunk keys. Operations are
  * submitted and complete later; each operation is a caller-owned kvt_tier_op
@@ -15,70 +15,10 @@
  * so the hooks must be thread-safe (the defaults are). Only kvt_tier_open
  * leaves detail in kvt_ctx_last_error(); data-path calls return codes alone.
  *
- * Tiers are opened from a spec string "SCHEME:ARGS":
- *   dram:SIZE[,pin=auto|on|off]  capacity-bounded host memory, e.g. dram:8GiB;
- *                                its slabs are page-locked for the GPU
- *                                (cudaHostRegister) when CUDA is built and a
- *                                device is present (auto); on: fail to open
- *                                otherwise; off: never (no CUDA call at all)
- *   nvme:DIR:SIZE[,qd=N][,engine=pread]
- *                                one file per payload under DIR, io_uring and
- *                                O_DIRECT (pread/pwrite where io_uring is not
- *                                available); survives restart, torn files miss.
- *                                A PUT completes once its bytes and its name
- *                                are durable (fdatasync, rename, directory
- *                                fsync). A GET into a 4096-aligned buffer
- *                                reads into it directly and may write zero
- *                                padding after the value, up to the next 4096
- *                                bytes within its capacity. Deleted files are
- *                                kept as spares (.free-N, not in `used`) for
- *                                later PUTs and dropped when room is needed
- *   fault:RULES@SPEC             fault injection around another tier (tests)
- *   trace@SPEC                   logs every operation through the context's log
- *   redis://[USER:PASSWORD@]HOST:PORT[/DB][?OPT&OPT...]
- *   redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][?OPT&OPT...]
- *                                a Redis server or Redis Cluster (hiredis;
- *                                built when libhiredis is found). ":PASSWORD@"
- *                                for requirepass, USER:PASSWORD@ for an ACL
- *                                user (%XX escapes). OPTs: ns=NAME (key
- *                                namespace, "default"), ttl=SECONDS (0: none),
- *                                timeout_ms=N (2000: connect, each reply, a
- *                                stalled write), capacity=SIZE (enforced on
- *                                what this handle wrote; default what it
- *                                holds plus the servers' free memory,
- *                                maxmemory less used_memory), part=SIZE
- *                                (values above it are split, 64MiB), conns=N
- *                                (4), pipeline=N (32). A missing, expired or
- *                                torn value misses; a full server (maxmemory,
- *                                noeviction) is -ENOSPC; a dead server fails
- *                                its operations (-ECONNREFUSED, -ECONNRESET,
- *                                -ETIMEDOUT) and is reconnected with backoff;
- *                                refused AUTH is KVT_EAUTH at open. items and
- *                                used count what this handle wrote and
- *                                deleted (with ttl= and capacity=, recounted
- *                                from the servers before a PUT is refused);
- *                                list() scans the servers
- *   fabric://HOST:PORT[?OPT&OPT...]
- *                                a kvtier-server over libfabric (built when
- *                                libfabric is found): control messages, the
- *                                payload moved by RMA to and from the op's own
- *                                buffer. OPTs: tenant=NAME ("default"),
- *                                token=TOKEN (else $KVTIER_FABRIC_TOKEN),
- *                                timeout_ms=N (5000, every wait), provider=P
- *                                (tcp;ofi_rxm; '+' for ';'), depth=N (ops
- *                                on the wire, 1 to 64, default 64: what the
- *                                server runs per session), purge=1 (empty the
- *                                tenant at open). A wrong token is KVT_EAUTH
- *                                at open; a dead server fails its operations
- *                                (-ECONNREFUSED, -ECONNRESET, -ETIMEDOUT) and
- *                                the next one reconnects. items counts the
- *                                tenant's values; capacity and used are the
- *                                server's. docs/SERVER.md has the server
- * SIZE takes B, KiB, MiB, GiB, TiB (or K, M, G, T, all powers of 1024) and
- * KB, MB, GB, TB (powers of 1000). With CUDA built:
- *   hbm:DEV:SIZE                 device memory of CUDA device DEV, e.g.
- *                                hbm:0:20GiB: payloads kept compressed on the
- *                                GPU; kvt_tier_borrow lends them in place */
+ * Tiers are opened from a spec string "SCHEME:ARGS": dram:SIZE, nvme:DIR:SIZE,
+ * hbm:DEV:SIZE (CUDA), redis:// and redis+cluster:// (libhiredis), fabric://
+ * (libfabric), and the decorators fault:RULES@SPEC and trace@SPEC. The
+ * grammar, options, defaults and behaviour of each are in docs/TIERS.md. */
 #ifndef KVTIER_TIER_H
 #define KVTIER_TIER_H
 
@@ -119,9 +59,13 @@ typedef struct kvt_tier_op {
   uint32_t status;    /* library-owned */
   uint64_t out_len;   /* GET, QUERY: the stored value's length */
   void *internal[2];  /* library-owned */
+  uint64_t reserved[2]; /* zero (kvt_tier_op_init; submit refuses others with
+                           -EINVAL): later inputs, whose zero means what 0.3
+                           does. Fixed size: ops may be kept in arrays */
 } kvt_tier_op;
 
-/* Fills *op for a single operation (result and internals cleared). */
+/* Fills *op for a single operation (result, internals and reserved fields
+ * cleared). */
 KVT_API void kvt_tier_op_init(kvt_tier_op *op, int opcode, const kvt_key *key, void *buf,
                               uint64_t len, uint64_t user_data);
 
@@ -157,7 +101,8 @@ KVT_API const char *kvt_tier_spec(const kvt_tier *tier);
 
 /* Submits n operations. Returns how many were accepted (they will complete,
  * possibly before this returns), or a negative error if none was: -EINVAL
- * for a malformed operation (nothing is submitted then), -ESHUTDOWN while
+ * for a malformed operation (unknown opcode, flags or reserved fields not
+ * zero, a NULL buf with a length; nothing is submitted then), -ESHUTDOWN while
  * closing, -EAGAIN when a backend's queue is full (submit the rest later).
  * Accepted operations report their own errors in op->result. */
 KVT_API int kvt_tier_submit(kvt_tier *tier, kvt_tier_op *const *ops, size_t n);
@@ -207,6 +152,7 @@ typedef struct kvt_tier_loan {
   const void *data; /* the payload (NULL for an empty value) */
   uint64_t len;
   void *internal;   /* library-owned */
+  uint64_t reserved[2]; /* zeroed by kvt_tier_borrow: later outputs */
 } kvt_tier_loan;
 
 /* Returns 0, KVT_ENOTFOUND, KVT_ENOTSUP (the tier cannot lend: nvme, or a
@@ -230,6 +176,7 @@ typedef struct kvt_tier_reservation {
   uint64_t len;
   kvt_key key;
   uint64_t internal[2]; /* library-owned */
+  uint64_t reserved[2]; /* zeroed by kvt_tier_reserve: later outputs */
 } kvt_tier_reservation;
 
 /* Returns 0, -ENOSPC (no room: as a PUT of len bytes would be refused),
@@ -257,7 +204,9 @@ enum kvt_tier_trait {
 /* The tier's KVT_TIER_* bits (0 for NULL). Thread-safe. */
 KVT_API uint32_t kvt_tier_traits(const kvt_tier *tier);
 
-/* Parses a size with a unit ("8GiB", "512MB", "4096"). Returns 0 or -EINVAL. */
+/* Parses a size with a unit ("8GiB", "512MB", "4096"): B, KiB, MiB, GiB, TiB
+ * (or K, M, G, T; powers of 1024) and KB, MB, GB, TB (powers of 1000), as
+ * in tier specs. Returns 0 or -EINVAL. */
 KVT_API int kvt_parse_size(const char *text, uint64_t *out);
 
 /* ---- Backends ------------------------------------------------------------

@@ -3,7 +3,7 @@
 #define KVTIER_VERSION_H
 
 #define KVT_VERSION_MAJOR 0
-#define KVT_VERSION_MINOR 2
+#define KVT_VERSION_MINOR 3
 #define KVT_VERSION_PATCH 0
 /* One number that orders releases: major*10000 + minor*100 + patch. */
 #define KVT_VERSION_NUMBER \

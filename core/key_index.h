@@ -14,23 +14,19 @@
 #include "kvt_internal.h"
 #include "kvtier/key.h"
 
-/* 32 bytes, so slots never straddle a cache line and a table of 1024 is
- * L1-sized: a cache lookup walks one find per chunk of a context. The
- * widths hold any payload (KVT_PAYLOAD_MAX is 2^32 bytes). */
-#define KVT_INDEX_SLAB_NONE ((1u << 30) - 1) /* slab of an entry that has no block */
-
+/* 40 bytes. len and off stay 64 bits wide: tiers take values of any length
+ * (KVT_PAYLOAD_MAX binds payloads, not what kvt_tier_put or the server
+ * store), and a dram slab sized to a large value has offsets past 2^32. */
 typedef struct kvt_index_entry {
   kvt_key key;
-  uint64_t len : 40;  /* payload bytes */
-  uint64_t pin : 16;  /* the tier's: dram pin record + 1 */
-  uint64_t live : 1;  /* 0: an empty slot */
+  uint64_t len; /* payload bytes */
   union {
-    struct {
-      uint64_t off : 34;  /* the tier's: dram block offset; nvme bytes on disk */
-      uint64_t slab : 30; /* the tier's: dram slab, or KVT_INDEX_SLAB_NONE */
-    };
-    void *ref; /* an index over the user's own entries (cache, server): the entry */
+    uint64_t off; /* the tier's: dram block offset; nvme bytes on disk */
+    void *ref;    /* an index over the user's own entries (cache, server): the entry */
   };
+  uint32_t slab; /* the tier's: dram slab */
+  uint16_t pin;  /* the tier's: dram pin record + 1 */
+  uint8_t live;  /* 0: an empty slot */
 } kvt_index_entry;
 
 typedef struct kvt_index {
@@ -49,14 +45,15 @@ void kvt_index_init(kvt_index *ix, kvt_ctx *ctx);
 void kvt_index_free(kvt_index *ix);
 
 /* The slot where a search for k starts. Keys are XXH3 output in production,
- * already uniform, so folding both halves down by XOR spreads them; it also
- * keeps structured keys (tests, callers) that differ in any one byte apart.
- * No multiply: the hash is on the serial path of every find (a cache lookup
- * walks one find per chunk of a context). Inline, with find. */
+ * but the tier and cache APIs take the caller's keys, which may be
+ * structured (a grid of two counters, equal halves), so both halves are
+ * mixed by multiplication: a linear fold would send such keys to a few
+ * slots. Inline, with find: a cache lookup walks one find per chunk. */
 static inline uint64_t kvt_index_hash(const kvt_key *k) {
-  uint64_t h = kvt_ld64(k->bytes) ^ kvt_ld64(k->bytes + 8);
-  h ^= h >> 32;
-  return h ^ (h >> 16);
+  uint64_t h = kvt_ld64(k->bytes) ^ (kvt_ld64(k->bytes + 8) * 0x9E3779B97F4A7C15ull);
+  h ^= h >> 31;
+  h *= 0xD6E8FEB86659FD93ull;
+  return h ^ (h >> 32);
 }
 
 /* The live entry for k, or NULL. */

@@ -136,9 +136,8 @@ int kvt_server_create(kvt_ctx *ctx, const kvt_server_config *cfg, kvt_server **o
 }
 
 int kvt_server_run(kvt_server *srv) {
-  if (!srv || srv->ran)
+  if (!srv || atomic_exchange(&srv->ran, 1))
     return -EINVAL;
-  srv->ran = 1;
   kvt_srv_net_serve(srv);
   return 0;
 }

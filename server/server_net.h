@@ -85,7 +85,7 @@ struct kvt_server {
   void *log_opaque;
   int log_level;
   atomic_int stop; /* kvt_server_stop: async-signal-safe (lock-free) */
-  int ran;         /* kvt_server_run was called */
+  atomic_int ran;  /* kvt_server_run was called (once: a second, even a concurrent one, gets -EINVAL) */
   int net_open;    /* kvt_srv_net_open succeeded in part: kvt_srv_net_close undoes it */
   kvt_srv_store *st;
   kvt_fab *fab;

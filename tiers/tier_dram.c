@@ -56,7 +56,7 @@
 #define GRANULE 256u          /* allocation unit: keeps blocks cache-line and DMA aligned */
 #define SLAB_MAX (64ull << 20)
 #define SLAB_ALIGN 4096u      /* page aligned, as cudaHostRegister will want */
-#define NO_SLAB KVT_INDEX_SLAB_NONE /* a zero-length value: no storage */
+#define NO_SLAB UINT32_MAX    /* a zero-length value: no storage */
 #define NPINS 64              /* blocks pinned at once; beyond that GETs copy under the lock */
 #define EXT_MIN 64u
 
@@ -179,8 +179,6 @@ static int slab_slot(dram *d, uint32_t *out) {
       *out = i;
       return 0;
     }
-  if (d->n_slabs == NO_SLAB)
-    return -ENOSPC; /* the index's slab field is full (a billion slabs) */
   if (d->n_slabs == d->cap_slabs) {
     const uint32_t cap = d->cap_slabs ? d->cap_slabs * 2 : 8;
     slab *n = kvt_alloc(d->ctx, (size_t)cap * sizeof(*n), 64);

@@ -216,6 +216,22 @@ static void test_cli_store_two_tiers_demote_list_and_get(void **state) {
   assert_non_null(strstr(res.out, "1 keys"));
 }
 
+/* A size past 2^64 bytes is called too large, not "not a size above zero". */
+static void test_cli_store_overflowing_size_says_too_large(void **state) {
+  (void)state;
+  const char *sizes[] = {"99999999999999999999GiB", "99999999999TiB", "18446744073709551616"};
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+    assert_int_equal(run("store --tiers dram:%s ls", sizes[i]), 2);
+    assert_non_null(strstr(res.err, "too large"));
+    assert_null(strstr(res.err, "above zero"));
+    assert_int_equal(run("store --tiers nvme:%s/t10:%s ls", dir, sizes[i]), 2);
+    assert_non_null(strstr(res.err, "too large"));
+    assert_null(strstr(res.err, "above zero"));
+  }
+  assert_int_equal(run("store --tiers dram:0 ls"), 2);
+  assert_non_null(strstr(res.err, "above zero"));
+}
+
 static void test_cli_store_help_documents_subcommands_and_exit_codes(void **state) {
   (void)state;
   assert_int_equal(run("store --help"), 0);
@@ -239,6 +255,7 @@ int main(void) {
       cmocka_unit_test(test_cli_store_bad_tiers_spec_is_a_usage_error),
       cmocka_unit_test(test_cli_store_two_tiers_demote_list_and_get),
       cmocka_unit_test(test_cli_store_help_documents_subcommands_and_exit_codes),
+      cmocka_unit_test(test_cli_store_overflowing_size_says_too_large),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -60,7 +60,9 @@ void kvt_tier_op_init(kvt_tier_op *op, int opcode, const kvt_key *key, void *buf
   op->user_data = user_data;
 }
 
-int kvt_parse_size(const char *text, uint64_t *out) {
+/* kvt_parse_size, telling a number past 2^64 - 1 (-ERANGE) from text that is
+ * no size (-EINVAL). */
+static int parse_size(const char *text, uint64_t *out) {
   static const struct {
     const char *unit;
     uint64_t mul;
@@ -74,7 +76,7 @@ int kvt_parse_size(const char *text, uint64_t *out) {
   char *end;
   unsigned long long v = strtoull(text, &end, 10);
   if (errno)
-    return -EINVAL;
+    return errno == ERANGE ? -ERANGE : -EINVAL;
   char unit[8] = {0};
   size_t n = strlen(end);
   if (n >= sizeof(unit))
@@ -84,11 +86,22 @@ int kvt_parse_size(const char *text, uint64_t *out) {
   for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
     if (strcmp(unit, units[i].unit) == 0) {
       if (v > UINT64_MAX / units[i].mul)
-        return -EINVAL;
+        return -ERANGE;
       *out = v * units[i].mul;
       return 0;
     }
   return -EINVAL;
+}
+
+int kvt_parse_size(const char *text, uint64_t *out) {
+  const int rc = parse_size(text, out);
+  return rc == -ERANGE ? -EINVAL : rc;
+}
+
+const char *kvt_size_why(const char *text) {
+  uint64_t v;
+  return parse_size(text, &v) == -ERANGE ? "is too large (the limit is 2^64 - 1 bytes)"
+                                         : "is not a size above zero";
 }
 
 static int tier_create(kvt_ctx *ctx, const kvt_tier_backend *be, const char *spec,

@@ -532,8 +532,8 @@ static int parse_dram_args(kvt_ctx *ctx, const char *args, uint64_t *cap, int *m
   memcpy(size, args ? args : "", n);
   size[n] = 0;
   if (kvt_parse_size(size, cap) != 0 || *cap == 0)
-    return kvt_fail(ctx, -EINVAL,
-                    "dram tier: capacity '%s' is not a size above zero (e.g. dram:8GiB)", size);
+    return kvt_fail(ctx, -EINVAL, "dram tier: capacity '%s' %s; e.g. dram:8GiB", size,
+                    kvt_size_why(size));
   if (!comma)
     return 0;
   if (!strcmp(comma + 1, "pin=auto"))

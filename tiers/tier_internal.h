@@ -25,6 +25,11 @@ extern const kvt_tier_backend kvt_tier_backend_trace; /* tiers/tier_trace.c */
  * parsers that split lists of specs ("dram:4GiB;nvme:..."). */
 int kvt_tier_scheme_known(const char *name, size_t len);
 
+/* Why text is no capacity (kvt_parse_size failed, or gave 0), to follow the
+ * quoted text in a message: "is too large (...)" for a number past 2^64 - 1
+ * bytes, else "is not a size above zero". */
+const char *kvt_size_why(const char *text);
+
 /* The context a tier was opened with (for decorators opening inner tiers,
  * and for error detail). */
 kvt_ctx *kvt_tier_ctx(kvt_tier *tier);

@@ -114,7 +114,8 @@ static int parse_args(nvme *n, const char *args, int *force_pread) {
   snprintf(opts, sizeof(opts), "%s", colon + 1);
   char *save = NULL, *tok = strtok_r(opts, ",", &save);
   if (!tok || kvt_parse_size(tok, &n->capacity) != 0 || n->capacity == 0)
-    return kvt_fail(n->ctx, KVT_ESPEC, "nvme tier: '%s': the size is not a size above zero", args);
+    return kvt_fail(n->ctx, KVT_ESPEC, "nvme tier: '%s': the size '%s' %s", args, tok ? tok : "",
+                    kvt_size_why(tok ? tok : ""));
   while ((tok = strtok_r(NULL, ",", &save)) != NULL) {
     char *end = NULL;
     if (strncmp(tok, "qd=", 3) == 0) {

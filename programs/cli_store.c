@@ -26,7 +26,7 @@ static const char store_help[] =
     "                           given, must equal the payload's own key\n"
     "  get --key HEX -o OUT.kvt fetch the payload, verify it, and write it to OUT.kvt\n"
     "                           atomically (OUT.kvt.tmp, fsync, rename); a corrupt\n"
-    "                           payload is reported and not written\n"
+    "                           or foreign value is reported and not written\n"
     "  rm --key HEX             remove the payload from every tier\n"
     "  ls [--json]              every key with its length (and tier, when several),\n"
     "                           sorted by key, and a count\n"
@@ -47,7 +47,8 @@ static const char store_help[] =
     "\n"
     "Exit status:\n"
     "  0  success\n"
-    "  1  invalid or corrupt payload, key mismatch, or key not found\n"
+    "  1  invalid, corrupt or foreign payload (a stored value that is not a\n"
+    "     payload, or the payload of another chunk), key mismatch, key not found\n"
     "  2  usage error: bad option, key or tier spec\n"
     "  3  I/O error: a file or the tier could not be read or written\n"
     "  4  any other failure (tier full, out of memory, ...)\n";
@@ -144,6 +145,11 @@ static int fetch(store_args *a, void **out, uint64_t *out_len) {
   }
   if (err == KVT_ENOTFOUND)
     return not_found(a);
+  if (cli_is_payload_error(err)) { /* refused by the cache's header checks */
+    char label[KVT_KEY_HEX_LEN + 16];
+    snprintf(label, sizeof(label), "%s (stored)", a->key_hex);
+    return cli_report_bad_payload(label, a->ctx, err);
+  }
   return tier_fail(a, a->key_hex, err);
 }
 

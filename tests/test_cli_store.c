@@ -216,6 +216,40 @@ static void test_cli_store_two_tiers_demote_list_and_get(void **state) {
   assert_non_null(strstr(res.out, "1 keys"));
 }
 
+/* A value that is not a payload, or a payload of another chunk, stored
+ * under a key (planted through the tier API, as another program could) is
+ * a bad payload: exit 1 as the help says, naming the key, nothing written. */
+static void test_cli_store_get_of_foreign_or_non_payload_value_exits_1(void **state) {
+  (void)state;
+  assert_int_equal(run("encode --codec k16v8 " SHAPE " --model-id m8 --k K.bin --v V.bin "
+                       "-o p8.kvt"),
+                   0);
+  size_t len;
+  void *other = read_file("p8.kvt", &len);
+  assert_non_null(other);
+  char spec[300];
+  snprintf(spec, sizeof(spec), "nvme:%s/t8:64MiB", dir);
+  kvt_tier *tier;
+  assert_int_equal(kvt_tier_open(ctx, spec, &tier), 0);
+  kvt_key foreign_key, junk_key;
+  assert_int_equal(kvt_key_from_hex(payload_key, &foreign_key), 0);
+  assert_int_equal(kvt_key_from_hex("00112233445566778899aabbccddeeff", &junk_key), 0);
+  assert_int_equal(kvt_tier_put(tier, &foreign_key, other, len), 0);
+  static const char junk[8192] = "tenant record, not a kvtier payload";
+  assert_int_equal(kvt_tier_put(tier, &junk_key, junk, sizeof(junk)), 0);
+  kvt_tier_close(tier);
+  free(other);
+
+  assert_int_equal(store("t8", "get --key %s -o f8.kvt", payload_key), 1);
+  assert_non_null(strstr(res.err, payload_key));
+  assert_non_null(strstr(res.err, "KVT_EFOREIGN"));
+  assert_false(exists("f8.kvt"));
+  assert_int_equal(store("t8", "get --key 00112233445566778899aabbccddeeff -o j8.kvt"), 1);
+  assert_non_null(strstr(res.err, "00112233445566778899aabbccddeeff"));
+  assert_non_null(strstr(res.err, "KVT_EFORMAT"));
+  assert_false(exists("j8.kvt"));
+}
+
 /* A size past 2^64 bytes is called too large, not "not a size above zero". */
 static void test_cli_store_overflowing_size_says_too_large(void **state) {
   (void)state;
@@ -255,6 +289,7 @@ int main(void) {
       cmocka_unit_test(test_cli_store_bad_tiers_spec_is_a_usage_error),
       cmocka_unit_test(test_cli_store_two_tiers_demote_list_and_get),
       cmocka_unit_test(test_cli_store_help_documents_subcommands_and_exit_codes),
+      cmocka_unit_test(test_cli_store_get_of_foreign_or_non_payload_value_exits_1),
       cmocka_unit_test(test_cli_store_overflowing_size_says_too_large),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -282,7 +282,7 @@ int proj_svg_write(kvt_ctx *ctx, const char *path, const proj_models *models,
     cli_error("out of memory for the SVG");
     return CLI_EFAIL;
   }
-  rc = cli_write_atomic(path, buf, len);
+  rc = cli_write_output(path, buf, len);
   free(buf);
   return rc;
 }

@@ -23,8 +23,7 @@ static const char encode_help[] =
     "  --heads H             KV heads\n"
     "  --head-dim D          elements per head vector\n"
     "  --k K.bin, --v V.bin  the input files\n"
-    "  -o, --output OUT.kvt  the payload; written to OUT.kvt.tmp, fsync'd, then renamed,\n"
-    "                        so a failure never leaves a partial OUT.kvt\n"
+    "  -o, --output OUT.kvt  the payload; see 'Output' below\n"
     "  --model-id ID         model identity for the fingerprint (default unknown-model)\n"
     "  --layer-begin N       absolute index of the files' first layer (default 0)\n"
     "  --model-layers N      layers of the whole model (default layer-begin + L)\n"
@@ -38,7 +37,17 @@ static const char encode_help[] =
     "\n"
     "The fingerprint is kvt_fingerprint over the model id, dtype, model layers, heads,\n"
     "head dim, tensor-parallel rank 0 of 1 and the codec. Prints the payload's size,\n"
-    "its ratio to the raw 16-bit size, and its key.\n";
+    "its ratio to the raw 16-bit size, and its key.\n"
+    "\n"
+    "Output: a new or regular OUT.kvt, or the file a symlink OUT.kvt leads to (the\n"
+    "link stays), is replaced atomically: a temporary file beside it is written,\n"
+    "fsync'd and renamed over it, so a failure never leaves a partial file.\n"
+    "A device or FIFO is written in place and never replaced (/dev/null discards;\n"
+    "/dev/full fails: exit 3). -o naming an input file, or an empty path, is a\n"
+    "usage error (exit 2).\n"
+    "\n"
+    "Exit status: 0 success, 2 usage error (bad option, an input whose size does not\n"
+    "match the shape), 3 a file could not be read or written, 4 any other failure.\n";
 
 static const char decode_help[] =
     "Usage: kvtier decode IN.kvt --k K.bin --v V.bin\n"
@@ -46,8 +55,20 @@ static const char decode_help[] =
     "Verifies IN.kvt (header and every section checksum before it is read) and\n"
     "decodes all its layers into K.bin and V.bin: raw little-endian 16-bit values of\n"
     "the payload's dtype in [layer][token][head][dim] order, the layout 'kvtier\n"
-    "encode' reads. Each file is written atomically (FILE.tmp, fsync, rename).\n"
-    "A bad payload exits 1 with one line: 'IN.kvt: KVT_E...: detail'.\n";
+    "encode' reads.\n"
+    "\n"
+    "Output: both files are written or neither. A new or regular file, or the\n"
+    "file a symlink leads to (the link stays), is replaced atomically: a temporary\n"
+    "file beside it is written and fsync'd, and the two are renamed into place only\n"
+    "once both are written, so a failure leaves no new file and every file that\n"
+    "was there as it was. A device or FIFO is written in place and never replaced\n"
+    "(/dev/null discards; /dev/full fails: exit 3). --k or --v naming the payload\n"
+    "file, --k and --v naming one regular file, or an empty path, is a usage\n"
+    "error (exit 2).\n"
+    "\n"
+    "Exit status: 0 success; 1 a bad payload, with one line 'IN.kvt: KVT_E...:\n"
+    "detail'; 2 usage error; 3 a file could not be read or written; 4 any other\n"
+    "failure.\n";
 
 typedef struct encode_args {
   const char *codec, *dtype_s, *k_path, *v_path, *out, *model_id, *tokens_file;
@@ -64,6 +85,14 @@ static int encode_check_args(encode_args *a) {
   for (size_t i = 0; i < sizeof(given) / sizeof(given[0]); i++)
     if (!given[i])
       return cli_usage_error("encode", "%s is required", names[i]);
+  int rc = cli_check_output("encode", "-o", a->out);
+  if (rc)
+    return rc;
+  const char *const inputs[] = {a->k_path, a->v_path, a->tokens_file};
+  for (size_t i = 0; i < sizeof(inputs) / sizeof(inputs[0]); i++)
+    if (inputs[i] && cli_same_file(a->out, inputs[i]))
+      return cli_usage_error("encode", "-o '%s' and the input '%s' are the same file", a->out,
+                             inputs[i]);
   a->dtype = cli_parse_dtype(a->dtype_s);
   if (a->dtype < 0)
     return cli_usage_error("encode", "--dtype: expected bf16 or fp16, got '%s'", a->dtype_s);
@@ -176,7 +205,7 @@ static int encode_run(kvt_ctx *ctx, const encode_args *a) {
     }
   }
   if (!rc)
-    rc = cli_write_atomic(a->out, out, len);
+    rc = cli_write_output(a->out, out, len);
   if (!rc) {
     char spec[KVT_CODEC_SPEC_TEXT_MAX], hex[KVT_KEY_HEX_LEN + 1];
     kvt_codec_format(&p.spec, spec, sizeof(spec));
@@ -256,10 +285,12 @@ static int decode_run(kvt_ctx *ctx, const char *in, const char *k_path, const ch
                : (cli_error("%s: decode: %s: %s", in, kvt_err_name(err), kvt_ctx_last_error(ctx)),
                   CLI_EFAIL);
   }
-  if (!rc)
-    rc = cli_write_atomic(k_path, k, bytes);
-  if (!rc)
-    rc = cli_write_atomic(v_path, v, bytes);
+  if (!rc) {
+    const char *const paths[] = {k_path, v_path};
+    const void *const bufs[] = {k, v};
+    const size_t lens[] = {bytes, bytes};
+    rc = cli_write_outputs(paths, bufs, lens, 2);
+  }
   if (!rc)
     printf("%s: decoded %u layers x %u tokens x %u heads x %u dim (%s) into %s and %s\n", in,
            info.layers, info.tokens, info.heads, info.head_dim, kvt_dtype_name(info.dtype), k_path,
@@ -288,6 +319,17 @@ int cli_decode_main(int argc, char **argv) {
     return cli_usage_error("decode", "name one payload file");
   if (!k_path || !v_path)
     return cli_usage_error("decode", "--k and --v are required");
+  if ((rc = cli_check_output("decode", "--k", k_path)) ||
+      (rc = cli_check_output("decode", "--v", v_path)))
+    return rc;
+  const char *clash = cli_same_file(pos[0], k_path)   ? k_path
+                      : cli_same_file(pos[0], v_path) ? v_path
+                                                      : NULL;
+  if (clash)
+    return cli_usage_error("decode", "%s '%s' and the payload '%s' are the same file",
+                           clash == k_path ? "--k" : "--v", clash, pos[0]);
+  if (cli_same_file(k_path, v_path))
+    return cli_usage_error("decode", "--k '%s' and --v '%s' are the same file", k_path, v_path);
   kvt_ctx *ctx;
   if ((rc = cli_ctx_create(KVT_SIMD_AUTO, &ctx)))
     return rc;

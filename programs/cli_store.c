@@ -24,9 +24,12 @@ static const char store_help[] =
     "                           store it under its chunk key in the first tier with\n"
     "                           room (colder payloads move down); --key, when\n"
     "                           given, must equal the payload's own key\n"
-    "  get --key HEX -o OUT.kvt fetch the payload, verify it, and write it to OUT.kvt\n"
-    "                           atomically (OUT.kvt.tmp, fsync, rename); a corrupt\n"
-    "                           or foreign value is reported and not written\n"
+    "  get --key HEX -o OUT.kvt fetch the payload, verify it, and write it to OUT.kvt:\n"
+    "                           a new or regular file (or a symlink's target; the\n"
+    "                           link stays) atomically (a temporary file beside it,\n"
+    "                           fsync, rename), a device or FIFO in place, never\n"
+    "                           replaced (/dev/full fails: exit 3); a corrupt or\n"
+    "                           foreign value is reported and not written\n"
     "  rm --key HEX             remove the payload from every tier\n"
     "  ls [--json]              every key with its length (and tier, when several),\n"
     "                           sorted by key, and a count\n"
@@ -170,7 +173,7 @@ static int store_get(store_args *a) {
     char hex[KVT_KEY_HEX_LEN + 1];
     cli_error("%s: holds a payload whose chunk key is %s", label, kvt_key_hex(&info.key, hex));
     rc = CLI_EPAYLOAD;
-  } else if ((rc = cli_write_atomic(a->out, buf, (size_t)len)) == 0)
+  } else if ((rc = cli_write_output(a->out, buf, (size_t)len)) == 0)
     printf("%s: %" PRIu64 " bytes written to %s\n", a->key_hex, len, a->out);
   free(buf);
   return rc;
@@ -343,6 +346,8 @@ static int parse_sub(const store_sub *sub, int argc, char **argv, store_args *a)
     return cli_usage_error(sub->cmd, "--key HEX is required");
   if ((sub->need & OPT_OUT) && !a->out)
     return cli_usage_error(sub->cmd, "-o OUT.kvt is required");
+  if ((rc = cli_check_output(sub->cmd, "-o", a->out)) != 0)
+    return rc;
   if (a->key_hex) {
     if (kvt_key_from_hex(a->key_hex, &a->key) != 0)
       return cli_usage_error(sub->cmd, "--key: expected 32 hex digits, got '%s'", a->key_hex);

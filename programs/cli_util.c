@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,14 +249,19 @@ static int write_all(int fd, const uint8_t *p, size_t len) {
   return 0;
 }
 
+/* The directory part of path into dir ("." when it has none). */
+static void dir_of(const char *path, char *dir, size_t cap) {
+  const char *slash = strrchr(path, '/');
+  if (!slash)
+    snprintf(dir, cap, ".");
+  else
+    snprintf(dir, cap, "%.*s", (int)(slash == path ? 1 : slash - path), path);
+}
+
 /* The rename is durable only once the directory holding it is synced. */
 static void sync_parent_dir(const char *path) {
   char dir[PATH_MAX];
-  const char *slash = strrchr(path, '/');
-  if (!slash)
-    snprintf(dir, sizeof(dir), ".");
-  else
-    snprintf(dir, sizeof(dir), "%.*s", (int)(slash == path ? 1 : slash - path), path);
+  dir_of(path, dir, sizeof(dir));
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) {
     (void)fsync(fd); /* some file systems refuse fsync on directories */
@@ -263,38 +269,207 @@ static void sync_parent_dir(const char *path) {
   }
 }
 
-int cli_write_atomic(const char *path, const void *buf, size_t len) {
-  char tmp[PATH_MAX];
-  if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= sizeof(tmp)) {
-    cli_error("%s: path too long", path);
-    return CLI_EIO;
+/* Follows path while it is a symlink, so the file written and renamed over
+ * is the link's target and the link stays. *st is the final file's lstat
+ * (st_mode 0 when it does not exist yet). Returns 0 or an errno. */
+static int resolve_links(const char *path, char *out, size_t cap, struct stat *st) {
+  if (strlen(path) >= cap)
+    return ENAMETOOLONG;
+  snprintf(out, cap, "%s", path);
+  for (int hops = 0; hops < 40; hops++) {
+    if (lstat(out, st) != 0) {
+      memset(st, 0, sizeof(*st));
+      return errno == ENOENT ? 0 : errno;
+    }
+    if (!S_ISLNK(st->st_mode))
+      return 0;
+    char link[PATH_MAX], dir[PATH_MAX];
+    const ssize_t n = readlink(out, link, sizeof(link) - 1);
+    if (n < 0)
+      return errno;
+    link[n] = '\0';
+    dir_of(out, dir, sizeof(dir));
+    const int w = link[0] == '/' || !strchr(out, '/') ? snprintf(out, cap, "%s", link)
+                                                      : snprintf(out, cap, "%s/%s", dir, link);
+    if (w < 0 || (size_t)w >= cap)
+      return ENAMETOOLONG;
   }
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) {
-    cli_error("%s: cannot create: %s", tmp, strerror(errno));
-    return CLI_EIO;
+  return ELOOP;
+}
+
+/* One output being written: in place (a device, FIFO or other special
+ * file), or into tmp, renamed over target on commit. */
+typedef struct out_file {
+  const char *path;      /* as named on the command line (messages) */
+  char target[PATH_MAX]; /* path with its symlinks followed */
+  char tmp[PATH_MAX];    /* "" when written in place */
+  int fd;
+} out_file;
+
+static int out_fail(out_file *o, const char *step, int err) {
+  cli_error("%s: %s: %s", o->path, step, strerror(err));
+  if (o->fd >= 0)
+    close(o->fd);
+  o->fd = -1;
+  if (o->tmp[0])
+    unlink(o->tmp);
+  o->tmp[0] = '\0';
+  return CLI_EIO;
+}
+
+/* A temporary file beside o->target, with the mode the target has (a new
+ * file: 0666 less the umask), created exclusively so that a planted
+ * symlink or another writer's file is never opened. */
+static int out_open_tmp(out_file *o, const struct stat *st) {
+  if ((size_t)snprintf(o->tmp, sizeof(o->tmp), "%s.tmp.XXXXXX", o->target) >= sizeof(o->tmp)) {
+    o->tmp[0] = '\0';
+    return out_fail(o, "cannot create a temporary file", ENAMETOOLONG);
   }
-  const char *step = "write";
-  int err = write_all(fd, buf, len);
-  if (!err && fsync(fd) != 0) {
-    step = "fsync";
-    err = errno;
+  o->fd = mkostemp(o->tmp, O_CLOEXEC);
+  if (o->fd < 0) {
+    o->tmp[0] = '\0';
+    return out_fail(o, "cannot create a temporary file beside it", errno);
   }
-  if (close(fd) != 0 && !err) {
-    step = "close";
-    err = errno;
+  mode_t mode = st->st_mode & 0777;
+  if (!S_ISREG(st->st_mode)) {
+    const mode_t mask = umask(0); /* reading it means setting it */
+    umask(mask);
+    mode = 0666 & ~mask;
   }
-  if (!err && rename(tmp, path) != 0) {
-    step = "rename";
-    err = errno;
-  }
-  if (err) {
-    cli_error("%s: %s: %s", tmp, step, strerror(err));
-    unlink(tmp);
-    return CLI_EIO;
-  }
-  sync_parent_dir(path);
+  if (fchmod(o->fd, mode) != 0)
+    return out_fail(o, "fchmod", errno);
   return 0;
+}
+
+/* Opens o for path: a special file in place, a regular or new file (or a
+ * symlink's target) through a temporary file. The kernel follows the links
+ * to a special file (/dev/stdout through /proc/self/fd/1 to a pipe has no
+ * name to follow by hand); a regular or new file's name is followed by
+ * hand, as the rename needs it. */
+static int out_open(out_file *o, const char *path) {
+  struct stat st;
+  o->path = path;
+  o->fd = -1;
+  o->tmp[0] = '\0';
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    /* A FIFO's open waits for its reader, as a shell's would. */
+    o->fd = open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC);
+    if (o->fd < 0)
+      return out_fail(o, "cannot open", errno);
+    if (fstat(o->fd, &st) != 0)
+      return out_fail(o, "cannot stat", errno);
+    if (!S_ISREG(st.st_mode))
+      return 0;
+    close(o->fd); /* replaced by a regular file meanwhile: that is replaced atomically */
+    o->fd = -1;
+  }
+  const int err = resolve_links(path, o->target, sizeof(o->target), &st);
+  if (err)
+    return out_fail(o, "cannot look up", err);
+  if (S_ISDIR(st.st_mode))
+    return out_fail(o, "cannot write", EISDIR);
+  if (st.st_mode != 0 && !S_ISREG(st.st_mode)) /* a special file appeared meanwhile */
+    return out_fail(o, "changed while being opened", EAGAIN);
+  return out_open_tmp(o, &st);
+}
+
+/* Writes and closes o: a temporary file is fsync'd; a special file is not,
+ * as character devices and FIFOs have nothing to sync (EINVAL), except a
+ * block device. SIGPIPE is ignored meanwhile, so a FIFO whose reader went
+ * away is an error (EPIPE) rather than the end of the program. */
+static int out_write(out_file *o, const void *buf, size_t len) {
+  struct stat st;
+  struct sigaction ign = {0}, old;
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  const int in_place = !o->tmp[0];
+  if (in_place)
+    sigaction(SIGPIPE, &ign, &old);
+  int err = write_all(o->fd, buf, len);
+  if (in_place)
+    sigaction(SIGPIPE, &old, NULL);
+  if (err)
+    return out_fail(o, "write", err);
+  const int durable = !in_place || (fstat(o->fd, &st) == 0 && S_ISBLK(st.st_mode));
+  if (durable && fsync(o->fd) != 0)
+    return out_fail(o, "fsync", errno);
+  err = close(o->fd) != 0 ? errno : 0;
+  o->fd = -1;
+  return err ? out_fail(o, "close", err) : 0;
+}
+
+static int out_commit(out_file *o) {
+  if (!o->tmp[0])
+    return 0;
+  if (rename(o->tmp, o->target) != 0)
+    return out_fail(o, "rename", errno);
+  o->tmp[0] = '\0';
+  sync_parent_dir(o->target);
+  return 0;
+}
+
+int cli_write_outputs(const char *const *paths, const void *const *bufs, const size_t *lens,
+                      size_t n) {
+  out_file outs[CLI_MAX_OUTPUTS];
+  size_t opened = 0;
+  int rc = 0;
+  if (n > CLI_MAX_OUTPUTS) {
+    cli_error("%zu outputs, at most %d", n, CLI_MAX_OUTPUTS);
+    return CLI_EFAIL;
+  }
+  /* Each one written and closed before the next is opened: one reader
+   * reading two FIFOs in turn sees the first end before the second opens. */
+  for (; rc == 0 && opened < n; opened++)
+    if ((rc = out_open(&outs[opened], paths[opened])) == 0)
+      rc = out_write(&outs[opened], bufs[opened], lens[opened]);
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    rc = out_commit(&outs[i]);
+  for (size_t i = 0; i < opened; i++)
+    if (outs[i].tmp[0])
+      unlink(outs[i].tmp);
+  return rc;
+}
+
+int cli_write_output(const char *path, const void *buf, size_t len) {
+  return cli_write_outputs(&path, &buf, &len, 1);
+}
+
+int cli_check_output(const char *cmd, const char *opt, const char *path) {
+  if (path && !*path)
+    return cli_usage_error(cmd, "%s: the path is empty", opt);
+  return 0;
+}
+
+/* Where path's file is or would be created: its directory's inode and its
+ * own name, symlinks followed. Returns 0 or an errno. */
+static int new_file_identity(const char *path, struct stat *dir_st, const char **name, char *buf,
+                             size_t cap) {
+  struct stat st;
+  char dir[PATH_MAX];
+  int err = resolve_links(path, buf, cap, &st);
+  if (err)
+    return err;
+  dir_of(buf, dir, sizeof(dir));
+  if (stat(dir, dir_st) != 0)
+    return errno;
+  const char *slash = strrchr(buf, '/');
+  *name = slash ? slash + 1 : buf;
+  return 0;
+}
+
+int cli_same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  const int ea = stat(a, &sa) != 0, eb = stat(b, &sb) != 0;
+  if (!ea && !eb)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino && S_ISREG(sa.st_mode);
+  if (!ea || !eb)
+    return 0;
+  char ba[PATH_MAX], bb[PATH_MAX];
+  const char *na, *nb;
+  if (new_file_identity(a, &sa, &na, ba, sizeof(ba)) ||
+      new_file_identity(b, &sb, &nb, bb, sizeof(bb)))
+    return 0;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino && strcmp(na, nb) == 0;
 }
 
 void *cli_alloc_faulted(size_t n) {

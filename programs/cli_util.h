@@ -1,5 +1,6 @@
 /* programs/cli_util.h - what the kvtier subcommands share: exit codes, option
- * parsing, messages, whole-file I/O with atomic replace, timing, JSON strings
+ * parsing, messages, whole-file input and output (atomic replace of files,
+ * in-place writes of devices and FIFOs), timing, JSON strings
  * and a small fork/join helper. */
 #ifndef KVT_CLI_UTIL_H
 #define KVT_CLI_UTIL_H
@@ -70,10 +71,39 @@ int cli_read_file(const char *path, void **buf, size_t *len);
  * reported with both sizes and returns CLI_EUSAGE. */
 int cli_read_exact(const char *path, size_t expect, const char *what, void **buf);
 
-/* Writes buf to path atomically: path.tmp is written, fsync'd and renamed
- * over path, so a failure never leaves a partial file at path. Returns 0 or
- * CLI_EIO after printing the file and the cause. */
-int cli_write_atomic(const char *path, const void *buf, size_t len);
+/* Writes buf to path, the file an output option names:
+ * - a new or regular file (or the file a symlink leads to; the link stays)
+ *   atomically: a temporary file beside it (NAME.tmp.XXXXXX, created
+ *   exclusively, with the replaced file's permission bits or 0666 less the
+ *   umask) is written, fsync'd and renamed over it, and the directory
+ *   fsync'd, so a failure never leaves a partial file;
+ * - a special file (character or block device, FIFO) in place: opened,
+ *   written and closed (only a block device is fsync'd), never replaced;
+ *   /dev/null takes the bytes, /dev/full fails with ENOSPC, a FIFO's open
+ *   waits for its reader;
+ * - a directory, or a socket (which cannot be opened), is an error.
+ * Returns 0 or CLI_EIO after printing the path and the cause. */
+int cli_write_output(const char *path, const void *buf, size_t len);
+
+/* Writes n outputs as cli_write_output() does, all or none: each is written
+ * (special files in place) and closed in turn, and the temporary files are
+ * renamed only after every one was written, so a failure leaves no new file
+ * and every file that was there as it was (only bytes already sent to a
+ * special file, or a rename failing after another succeeded, are not taken
+ * back). n is at most CLI_MAX_OUTPUTS. */
+#define CLI_MAX_OUTPUTS 4
+int cli_write_outputs(const char *const *paths, const void *const *bufs, const size_t *lens,
+                      size_t n);
+
+/* An output option's value: the empty path is a usage error (printed,
+ * CLI_EUSAGE); 0 otherwise, NULL included. */
+int cli_check_output(const char *cmd, const char *opt, const char *path);
+
+/* Whether a and b name the same regular file (one inode, through any
+ * symlink or hard link), or, where neither exists, the same new name in
+ * the same directory: an output that would replace an input or another
+ * output. Special files never count: writing /dev/null twice is fine. */
+int cli_same_file(const char *a, const char *b);
 
 /* Allocates n bytes aligned to 64 and touches every page, so timing does not
  * include page faults. NULL on failure (after printing). Free with free(). */

@@ -47,8 +47,12 @@ static const char usage[] =
     "     store), or a key is not found (store)\n"
     "  2  usage error: bad option or value, or an input file whose size does not\n"
     "     match the shape given\n"
-    "  3  I/O error: a file could not be read or written\n"
-    "  4  any other failure (data that cannot be encoded, out of memory, ...)\n";
+    "  3  I/O error: a file could not be read or written (/dev/full included)\n"
+    "  4  any other failure (data that cannot be encoded, out of memory, ...)\n"
+    "\n"
+    "Output files: a new or regular file, or a symlink's target, is replaced\n"
+    "atomically (a temporary file beside it, fsync, rename); a device or FIFO is\n"
+    "written in place and never replaced.\n";
 
 #define STR_(x) #x
 #define STR(x) STR_(x)

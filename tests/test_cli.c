@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -289,6 +290,200 @@ static void test_cli_tokens_file_key_is_the_chained_chunk_key(void **state) {
   assert_non_null(strstr(res.out, "\"token_begin\": 64"));
 }
 
+/* The bytes of dir/name equal those of dir/want. */
+static void assert_same_bytes(const char *name, const char *want) {
+  size_t a_len, b_len;
+  void *a = read_file(name, &a_len), *b = read_file(want, &b_len);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_int_equal(a_len, b_len);
+  assert_memory_equal(a, b, a_len);
+  free(a);
+  free(b);
+}
+
+/* Skips the test where device nodes cannot be made or opened. */
+static void char_node_or_skip(const char *name, unsigned major, unsigned minor) {
+  const int err = make_char_node(name, major, minor);
+  if (err == -EPERM || err == -EACCES) {
+    print_message("cannot make device nodes here (%s); skipped\n", strerror(-err));
+    skip();
+  }
+  assert_int_equal(err, 0);
+}
+
+/* Outputs that are device nodes are opened and written in place: null
+ * takes the bytes, full fails with ENOSPC (exit 3); either stays a device. */
+static void test_cli_outputs_to_device_nodes_are_written_in_place(void **state) {
+  (void)state;
+  char_node_or_skip("null", 1, 3);
+  char_node_or_skip("full", 1, 7);
+  encode("raw", "dev.kvt");
+  assert_int_equal(run("decode dev.kvt --k null --v null"), 0);
+  assert_int_equal(file_type("null"), S_IFCHR);
+  assert_int_equal(run("encode --codec raw " SHAPE " --k K.bin --v V.bin -o null"), 0);
+  assert_int_equal(file_type("null"), S_IFCHR);
+
+  assert_int_equal(run("encode --codec raw " SHAPE " --k K.bin --v V.bin -o full"), 3);
+  assert_non_null(strstr(res.err, "full"));
+  assert_non_null(strstr(res.err, strerror(ENOSPC)));
+  assert_int_equal(file_type("full"), S_IFCHR);
+  assert_int_equal(run("decode dev.kvt --k Kdev.bin --v full"), 3);
+  assert_non_null(strstr(res.err, strerror(ENOSPC)));
+  assert_int_equal(file_type("full"), S_IFCHR);
+  assert_false(exists("Kdev.bin"));
+
+  /* through a symlink: the device is written, the link stays */
+  char target[300], link[300];
+  path_of("null", target, sizeof(target));
+  path_of("null.link", link, sizeof(link));
+  assert_int_equal(symlink(target, link), 0);
+  assert_int_equal(run("decode dev.kvt --k null.link --v null.link"), 0);
+  assert_int_equal(file_type("null.link"), S_IFLNK);
+  assert_int_equal(file_type("null"), S_IFCHR);
+  assert_int_equal(tmp_files(""), 0);
+}
+
+/* A FIFO output is opened and written like a device: the reader gets the
+ * bytes a file output gets, and the FIFO stays a FIFO. */
+static void test_cli_output_to_fifo_is_written_in_place(void **state) {
+  (void)state;
+  encode("raw", "fifo.kvt");
+  fifo_reader r;
+  fifo_start(&r, "out.fifo");
+  int rc = run("encode --codec raw " SHAPE " --k K.bin --v V.bin -o out.fifo");
+  fifo_finish(&r);
+  assert_int_equal(rc, 0);
+  assert_int_equal(file_type("out.fifo"), S_IFIFO);
+  size_t len;
+  void *want = read_file("fifo.kvt", &len);
+  assert_int_equal(r.len, len);
+  assert_memory_equal(r.buf, want, len);
+  free(want);
+  free(r.buf);
+
+  fifo_start(&r, "k.fifo");
+  rc = run("decode fifo.kvt --k k.fifo --v Vfifo.bin");
+  fifo_finish(&r);
+  assert_int_equal(rc, 0);
+  assert_int_equal(file_type("k.fifo"), S_IFIFO);
+  want = read_file("K.bin", &len);
+  assert_int_equal(r.len, len);
+  assert_memory_equal(r.buf, want, len);
+  free(want);
+  free(r.buf);
+  assert_same_bytes("Vfifo.bin", "V.bin");
+  assert_int_equal(tmp_files(""), 0);
+}
+
+/* An output named through a symlink replaces the link's target atomically
+ * (its temporary file beside the target); the link stays a link, and a
+ * dangling link gets its target created. */
+static void test_cli_output_through_symlink_replaces_its_target(void **state) {
+  (void)state;
+  encode("raw", "sym.kvt");
+  char sub[300], link[300];
+  path_of("symdir", sub, sizeof(sub));
+  assert_int_equal(mkdir(sub, 0755), 0);
+  write_file("symdir/target.kvt", "old", 3);
+  path_of("sym.link", link, sizeof(link));
+  assert_int_equal(symlink("symdir/target.kvt", link), 0);
+  assert_int_equal(run("encode --codec raw " SHAPE " --k K.bin --v V.bin -o sym.link"), 0);
+  assert_int_equal(file_type("sym.link"), S_IFLNK);
+  assert_int_equal(file_type("symdir/target.kvt"), S_IFREG);
+  assert_same_bytes("symdir/target.kvt", "sym.kvt");
+
+  path_of("dangling.link", link, sizeof(link));
+  assert_int_equal(symlink("symdir/new.bin", link), 0);
+  assert_int_equal(run("decode sym.kvt --k dangling.link --v Vsym.bin"), 0);
+  assert_int_equal(file_type("dangling.link"), S_IFLNK);
+  assert_same_bytes("symdir/new.bin", "K.bin");
+  assert_int_equal(tmp_files(""), 0);
+  assert_int_equal(tmp_files("symdir"), 0);
+}
+
+/* decode writes both files or neither: when the second cannot be written,
+ * the first is not left behind, and a file the user had is kept as it was. */
+static void test_cli_decode_leaves_no_first_output_when_the_second_fails(void **state) {
+  (void)state;
+  encode("raw", "half.kvt");
+  assert_int_equal(run("decode half.kvt --k Khalf.bin --v nodir/Vhalf.bin"), 3);
+  assert_non_null(strstr(res.err, "nodir/Vhalf.bin"));
+  assert_false(exists("Khalf.bin"));
+  write_file("Kmine.bin", "mine", 4);
+  assert_int_equal(run("decode half.kvt --k Kmine.bin --v nodir/Vhalf.bin"), 3);
+  char buf[16];
+  slurp("Kmine.bin", buf, sizeof(buf));
+  assert_string_equal(buf, "mine");
+  assert_int_equal(tmp_files(""), 0);
+}
+
+/* An output naming an input (by its name, another path, a symlink or a hard
+ * link), or both outputs naming one file, is refused before anything is
+ * written. */
+static void test_cli_outputs_naming_an_input_are_usage_errors(void **state) {
+  (void)state;
+  encode("raw", "self.kvt");
+  size_t len;
+  void *orig = read_file("self.kvt", &len);
+  char path[300], alias[300];
+  path_of("self.kvt", path, sizeof(path));
+  path_of("self.alias", alias, sizeof(alias));
+  assert_int_equal(symlink("self.kvt", alias), 0);
+  path_of("self.hard", alias, sizeof(alias));
+  assert_int_equal(link(path, alias), 0);
+  const char *cases[] = {"decode self.kvt --k self.kvt --v Vself.bin",
+                         "decode self.kvt --k Kself.bin --v ./self.kvt",
+                         "decode self.kvt --k self.alias --v Vself.bin",
+                         "decode self.alias --k Kself.bin --v self.hard",
+                         "decode self.kvt --k Kself.bin --v Kself.bin"};
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    if (run("%s", cases[i]) != 2)
+      fail_msg("'%s' exited %d: %s", cases[i], res.rc, res.err);
+    assert_non_null(strstr(res.err, "same file"));
+    assert_false(exists("Kself.bin"));
+    assert_false(exists("Vself.bin"));
+  }
+  void *now = read_file("self.kvt", &len);
+  assert_memory_equal(orig, now, len);
+  free(now);
+  free(orig);
+  assert_int_equal(run("encode --codec raw " SHAPE " --k K.bin --v V.bin -o ./K.bin"), 2);
+  assert_non_null(strstr(res.err, "same file"));
+  size_t k_len;
+  free(read_file("K.bin", &k_len));
+  assert_int_equal(k_len, 2 * N);
+}
+
+static void test_cli_empty_output_path_is_a_usage_error(void **state) {
+  (void)state;
+  encode("raw", "empty.kvt");
+  assert_int_equal(run("encode --codec raw " SHAPE " --k K.bin --v V.bin -o ''"), 2);
+  assert_non_null(strstr(res.err, "-o"));
+  assert_non_null(strstr(res.err, "empty"));
+  assert_int_equal(run("encode --codec raw " SHAPE " --k K.bin --v V.bin --output="), 2);
+  assert_int_equal(run("decode empty.kvt --k '' --v Vempty.bin"), 2);
+  assert_non_null(strstr(res.err, "--k"));
+  assert_int_equal(run("decode empty.kvt --k Kempty.bin --v ''"), 2);
+  assert_non_null(strstr(res.err, "--v"));
+  assert_false(exists("Kempty.bin"));
+  assert_false(exists("Vempty.bin"));
+}
+
+/* The help of each command that writes files says how. */
+static void test_cli_help_says_how_outputs_are_written(void **state) {
+  (void)state;
+  const char *cmds[] = {"encode", "decode", "store", ""};
+  for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+    assert_int_equal(run("%s --help", cmds[i]), 0);
+    assert_non_null(strstr(res.out, "in place"));
+    assert_non_null(strstr(res.out, "atomically"));
+    assert_non_null(strstr(res.out, "Exit status"));
+  }
+  assert_int_equal(run("decode --help"), 0);
+  assert_non_null(strstr(res.out, "both files are written or neither"));
+}
+
 static void test_cli_demo_small_runs(void **state) {
   (void)state;
   assert_int_equal(run("demo --tokens 256 --layers 2"), 0);
@@ -320,6 +515,13 @@ int main(void) {
       cmocka_unit_test(test_cli_bad_codec_is_a_usage_error),
       cmocka_unit_test(test_cli_wrong_size_input_gives_expected_and_actual_bytes),
       cmocka_unit_test(test_cli_tokens_file_key_is_the_chained_chunk_key),
+      cmocka_unit_test(test_cli_outputs_to_device_nodes_are_written_in_place),
+      cmocka_unit_test(test_cli_output_to_fifo_is_written_in_place),
+      cmocka_unit_test(test_cli_output_through_symlink_replaces_its_target),
+      cmocka_unit_test(test_cli_decode_leaves_no_first_output_when_the_second_fails),
+      cmocka_unit_test(test_cli_outputs_naming_an_input_are_usage_errors),
+      cmocka_unit_test(test_cli_empty_output_path_is_a_usage_error),
+      cmocka_unit_test(test_cli_help_says_how_outputs_are_written),
       cmocka_unit_test(test_cli_demo_small_runs),
       cmocka_unit_test(test_cli_bench_codec_json_has_memcpy_baseline),
       cmocka_unit_test(test_cli_bench_attn_bad_options_are_usage_errors),

@@ -9,9 +9,11 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -216,6 +218,28 @@ static void test_cli_store_two_tiers_demote_list_and_get(void **state) {
   assert_non_null(strstr(res.out, "1 keys"));
 }
 
+/* get -o to device nodes writes in place: null takes the payload, full
+ * fails with ENOSPC (exit 3); both stay devices. */
+static void test_cli_store_get_to_device_nodes_writes_in_place(void **state) {
+  (void)state;
+  int err = make_char_node("null", 1, 3);
+  if (!err)
+    err = make_char_node("full", 1, 7);
+  if (err == -EPERM || err == -EACCES) {
+    print_message("cannot make device nodes here (%s); skipped\n", strerror(-err));
+    skip();
+  }
+  assert_int_equal(err, 0);
+  assert_int_equal(store("t7", "put p.kvt"), 0);
+  assert_int_equal(store("t7", "get --key %s -o null", payload_key), 0);
+  assert_int_equal(file_type("null"), S_IFCHR);
+  assert_int_equal(store("t7", "get --key %s -o full", payload_key), 3);
+  assert_non_null(strstr(res.err, "full"));
+  assert_non_null(strstr(res.err, strerror(ENOSPC)));
+  assert_int_equal(file_type("full"), S_IFCHR);
+  assert_int_equal(tmp_files(""), 0);
+}
+
 /* A value that is not a payload, or a payload of another chunk, stored
  * under a key (planted through the tier API, as another program could) is
  * a bad payload: exit 1 as the help says, naming the key, nothing written. */
@@ -248,6 +272,13 @@ static void test_cli_store_get_of_foreign_or_non_payload_value_exits_1(void **st
   assert_non_null(strstr(res.err, "00112233445566778899aabbccddeeff"));
   assert_non_null(strstr(res.err, "KVT_EFORMAT"));
   assert_false(exists("j8.kvt"));
+}
+
+static void test_cli_store_get_empty_output_path_is_a_usage_error(void **state) {
+  (void)state;
+  assert_int_equal(store("t9", "get --key %s -o ''", payload_key), 2);
+  assert_non_null(strstr(res.err, "-o"));
+  assert_non_null(strstr(res.err, "empty"));
 }
 
 /* A size past 2^64 bytes is called too large, not "not a size above zero". */
@@ -289,7 +320,9 @@ int main(void) {
       cmocka_unit_test(test_cli_store_bad_tiers_spec_is_a_usage_error),
       cmocka_unit_test(test_cli_store_two_tiers_demote_list_and_get),
       cmocka_unit_test(test_cli_store_help_documents_subcommands_and_exit_codes),
+      cmocka_unit_test(test_cli_store_get_to_device_nodes_writes_in_place),
       cmocka_unit_test(test_cli_store_get_of_foreign_or_non_payload_value_exits_1),
+      cmocka_unit_test(test_cli_store_get_empty_output_path_is_a_usage_error),
       cmocka_unit_test(test_cli_store_overflowing_size_says_too_large),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -178,7 +178,8 @@ static int encode_run(kvt_ctx *ctx, const encode_args *a) {
   if (rc)
     return rc;
   uint64_t bound;
-  rc = kvt_encode_bound(ctx, &p.spec, a->layer_begin, a->layers, a->tokens, a->heads, a->head_dim, &bound);
+  rc = kvt_encode_bound(ctx, &p.spec, a->layer_begin, a->layers, a->tokens, a->heads, a->head_dim,
+                        &bound);
   if (rc)
     return cli_usage_error("encode", "shape %ux%ux%ux%u with codec '%s': %s", a->layers, a->tokens,
                            a->heads, a->head_dim, a->codec, kvt_strerror(rc));
@@ -209,9 +210,11 @@ static int encode_run(kvt_ctx *ctx, const encode_args *a) {
   if (!rc) {
     char spec[KVT_CODEC_SPEC_TEXT_MAX], hex[KVT_KEY_HEX_LEN + 1];
     kvt_codec_format(&p.spec, spec, sizeof(spec));
-    printf("%s: %zu bytes, %s, %.3f of raw 16-bit (%.2fx capacity), key %s\n", a->out, len, spec,
-           (double)len / (2.0 * (double)bytes), 2.0 * (double)bytes / (double)len,
-           kvt_key_hex(&p.key, hex));
+    const char *const outs[] = {a->out};
+    fprintf(cli_summary_stream(outs, 1),
+            "%s: %zu bytes, %s, %.3f of raw 16-bit (%.2fx capacity), key %s\n", a->out, len, spec,
+            (double)len / (2.0 * (double)bytes), 2.0 * (double)bytes / (double)len,
+            kvt_key_hex(&p.key, hex));
   }
   free(out);
   free(v);
@@ -292,9 +295,10 @@ static int decode_run(kvt_ctx *ctx, const char *in, const char *k_path, const ch
     rc = cli_write_outputs(paths, bufs, lens, 2);
   }
   if (!rc)
-    printf("%s: decoded %u layers x %u tokens x %u heads x %u dim (%s) into %s and %s\n", in,
-           info.layers, info.tokens, info.heads, info.head_dim, kvt_dtype_name(info.dtype), k_path,
-           v_path);
+    fprintf(cli_summary_stream((const char *const[]){k_path, v_path}, 2),
+            "%s: decoded %u layers x %u tokens x %u heads x %u dim (%s) into %s and %s\n", in,
+            info.layers, info.tokens, info.heads, info.head_dim, kvt_dtype_name(info.dtype), k_path,
+            v_path);
   free(v);
   free(k);
   free(buf);

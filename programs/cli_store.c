@@ -79,7 +79,8 @@ static void log_stderr(void *opaque, int level, const char *msg) {
 static int tier_fail(const store_args *a, const char *what, int err) {
   if (err == -ENOSPC) {
     cli_error("%s: no tier of '%s' has room for the payload, even after moving colder "
-              "payloads down", what, a->spec);
+              "payloads down",
+              what, a->spec);
     return CLI_EFAIL;
   }
   cli_error("%s: %s: %s", what, kvt_err_name(err), kvt_strerror(err));
@@ -116,8 +117,8 @@ static int store_put(store_args *a) {
   } else {
     int t = 0;
     kvt_cache_query(a->cache, &info.key, NULL, &t);
-    printf("%s: stored under %s (%zu bytes) in tier %d, %s\n", a->file,
-           kvt_key_hex(&info.key, hex), len, t, kvt_tier_spec(kvt_cache_tier(a->cache, t)));
+    printf("%s: stored under %s (%zu bytes) in tier %d, %s\n", a->file, kvt_key_hex(&info.key, hex),
+           len, t, kvt_tier_spec(kvt_cache_tier(a->cache, t)));
   }
   free(buf);
   return rc;
@@ -174,7 +175,8 @@ static int store_get(store_args *a) {
     cli_error("%s: holds a payload whose chunk key is %s", label, kvt_key_hex(&info.key, hex));
     rc = CLI_EPAYLOAD;
   } else if ((rc = cli_write_output(a->out, buf, (size_t)len)) == 0)
-    printf("%s: %" PRIu64 " bytes written to %s\n", a->key_hex, len, a->out);
+    fprintf(cli_summary_stream(&a->out, 1), "%s: %" PRIu64 " bytes written to %s\n", a->key_hex,
+            len, a->out);
   free(buf);
   return rc;
 }
@@ -270,8 +272,8 @@ static int store_ls(store_args *a) {
 }
 
 static void stats_print(const store_args *a, int t, const kvt_cache_stats *s, int first) {
-  static const char *const names[] = {"capacity", "used",       "items",     "hits",
-                                      "misses",   "puts",       "bytes_in",  "bytes_out",
+  static const char *const names[] = {"capacity",  "used",       "items",     "hits",
+                                      "misses",    "puts",       "bytes_in",  "bytes_out",
                                       "demotions", "promotions", "evictions", "errors"};
   const uint64_t vals[] = {s->capacity,  s->used,       s->items,     s->hits,
                            s->misses,    s->puts,       s->bytes_in,  s->bytes_out,

@@ -430,6 +430,16 @@ int cli_write_outputs(const char *const *paths, const void *const *bufs, const s
   return rc;
 }
 
+FILE *cli_summary_stream(const char *const *paths, size_t n) {
+  struct stat out, st;
+  if (fstat(STDOUT_FILENO, &out) != 0)
+    return stdout;
+  for (size_t i = 0; i < n; i++)
+    if (paths[i] && stat(paths[i], &st) == 0 && st.st_dev == out.st_dev && st.st_ino == out.st_ino)
+      return stderr;
+  return stdout;
+}
+
 int cli_write_output(const char *path, const void *buf, size_t len) {
   return cli_write_outputs(&path, &buf, &len, 1);
 }

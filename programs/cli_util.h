@@ -95,6 +95,12 @@ int cli_write_output(const char *path, const void *buf, size_t len);
 int cli_write_outputs(const char *const *paths, const void *const *bufs, const size_t *lens,
                       size_t n);
 
+/* Where a command's summary line goes: stderr when one of the n output paths
+ * is the file the process's stdout is (-o /dev/stdout, a path naming the same
+ * pipe or file), so the line never lands among the output's bytes; stdout
+ * otherwise. */
+FILE *cli_summary_stream(const char *const *paths, size_t n);
+
 /* An output option's value: the empty path is a usage error (printed,
  * CLI_EUSAGE); 0 otherwise, NULL included. */
 int cli_check_output(const char *cmd, const char *opt, const char *path);

@@ -455,6 +455,23 @@ static void test_cli_outputs_naming_an_input_are_usage_errors(void **state) {
   assert_int_equal(k_len, 2 * N);
 }
 
+/* A payload written to stdout is the payload's bytes alone: the summary line
+ * goes to stderr then. */
+static void test_cli_output_to_stdout_carries_no_summary_line(void **state) {
+  (void)state;
+  encode("raw", "file.kvt");
+  assert_int_equal(run("encode --codec raw " SHAPE " --k K.bin --v V.bin -o /dev/stdout"), 0);
+  assert_non_null(strstr(res.err, "bytes, raw"));
+  size_t a_len, b_len;
+  void *a = read_file("file.kvt", &a_len), *b = read_file("stdout.txt", &b_len);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_int_equal(b_len, a_len);
+  assert_memory_equal(a, b, a_len);
+  free(a);
+  free(b);
+}
+
 static void test_cli_empty_output_path_is_a_usage_error(void **state) {
   (void)state;
   encode("raw", "empty.kvt");
@@ -521,6 +538,7 @@ int main(void) {
       cmocka_unit_test(test_cli_decode_leaves_no_first_output_when_the_second_fails),
       cmocka_unit_test(test_cli_outputs_naming_an_input_are_usage_errors),
       cmocka_unit_test(test_cli_empty_output_path_is_a_usage_error),
+      cmocka_unit_test(test_cli_output_to_stdout_carries_no_summary_line),
       cmocka_unit_test(test_cli_help_says_how_outputs_are_written),
       cmocka_unit_test(test_cli_demo_small_runs),
       cmocka_unit_test(test_cli_bench_codec_json_has_memcpy_baseline),

@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _find_cli() -> str | None:
     env = os.environ.get("KVTIER_CLI")
-    if env:
-        return env
+    if env is not None:  # set, even empty: that one or none
+        return env or None
     built = REPO / "build" / "programs" / "kvtier"
     if built.is_file():
         return str(built)

@@ -26,6 +26,15 @@ def test_library_version_matches_the_package() -> None:
         kvtier.library_path.startswith("libkvtier.so")
 
 
+@pytest.mark.skipif(not os.environ.get("KVTIER_EXPECT_BUNDLED"),
+                    reason="run_pytest.sh (ctest) checks the installed package's bundled library")
+def test_an_installed_package_loads_its_bundled_library() -> None:
+    bundled = Path(kvtier.__file__).parent / "_lib" / kvtier._loader.SONAME
+    assert kvtier.library_path == str(bundled) and bundled.is_file()
+    assert (Path(kvtier.__file__).parent / "py.typed").is_file()
+    assert "KVTIER_LIBRARY" not in os.environ
+
+
 def test_every_mirrored_struct_has_the_c_size_and_offsets(tmp_path: Path) -> None:
     cc = shutil.which(os.environ.get("CC", "cc"))
     if not cc or not (INCLUDE / "kvtier.h").is_file():

@@ -116,8 +116,8 @@ def _finish(what: str, ptr: int, shape: Sequence[int], strides: Sequence[int], d
     if shape[3] > 1 and strides[3] != 1:
         raise _shape_error(what, f"the head_dim elements of a head must be contiguous "
                                  f"(stride 1), got stride {strides[3]}")
-    return Tensor(ptr, tuple(int(x) for x in shape), tuple(int(x) for x in strides[:3]),
-                  dtype, writable, keep)
+    s, st = [int(x) for x in shape], [int(x) for x in strides]
+    return Tensor(ptr, (s[0], s[1], s[2], s[3]), (st[0], st[1], st[2]), dtype, writable, keep)
 
 
 def _numpy_dtype(dt: np.dtype) -> int | None | str:

@@ -46,12 +46,14 @@ class Context:
     def handle(self) -> c_void_p:
         return self._handle
 
+    def logged(self) -> str:
+        """The last line this thread logged since clear_logged()."""
+        return str(getattr(self._seen, "last", ""))
+
     def last_error(self) -> str:
         """kvt_ctx_last_error(), or the last line this thread logged."""
-        logged = getattr(self._seen, "last", "")
-        if logged:
-            return logged
-        return (lib.kvt_ctx_last_error(self._handle) or b"").decode(errors="replace")
+        return self.logged() or (lib.kvt_ctx_last_error(self._handle) or b"").decode(
+            errors="replace")
 
     def clear_logged(self) -> None:
         self._seen.last = ""

@@ -8,6 +8,7 @@ At import, kvtier._loader checks the sizes the library itself reports.
 from __future__ import annotations
 
 import ctypes
+from typing import TypeVar
 from ctypes import (
     CFUNCTYPE,
     POINTER,
@@ -283,10 +284,13 @@ MIRRORED: dict[str, type[Structure]] = {
 }
 
 
-def init(cls: type[Structure]) -> Structure:
+_S = TypeVar("_S", bound=Structure)
+
+
+def init(cls: type[_S]) -> _S:
     """A zeroed struct with struct_size set. The caller sets the non-zero
     defaults of the matching KVT_*_INIT macro itself."""
     s = cls()
     if "struct_size" in (f[0] for f in cls._fields_):
-        s.struct_size = ctypes.sizeof(cls)  # type: ignore[attr-defined]
+        setattr(s, "struct_size", ctypes.sizeof(cls))
     return s

@@ -8,7 +8,7 @@ import ctypes
 import threading
 import weakref
 from dataclasses import dataclass, fields
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _structs as S
 from ._buffers import Buffer, TokenIds, read_buffer, token_array, u32_ptr, write_buffer
@@ -49,8 +49,8 @@ class RestorePlan:
     """kvt_cache_plan: whether loading a cached prefix beats recomputing it."""
 
     cached_tokens: int
-    tier_bytes: tuple  # payload bytes by the hottest tier holding each chunk
-    link_GBps: tuple
+    tier_bytes: Tuple[int, ...]  # payload bytes by the hottest tier holding each chunk
+    link_GBps: Tuple[float, ...]
     restore_s: float
     recompute_s: float  # 0 without a model
     restore_pays: bool
@@ -165,7 +165,8 @@ class Cache:
             self._h.leave()
 
     def _raise(self, rc: int, what: str) -> None:
-        detail = self._h.ctx.last_error()
+        # Data-path calls leave no detail in the context; the line they logged is it.
+        detail = self._h.ctx.logged()
         raise Error(rc, detail=f"{what}: {detail}" if detail else what)
 
     def _check_stats_size(self) -> None:
@@ -326,7 +327,7 @@ class Cache:
             self._raise(rc, "lookup_keys")
         return int(out.value)
 
-    def query(self, key: KeyLike) -> Optional[tuple]:
+    def query(self, key: KeyLike) -> Optional[Tuple[int, int]]:
         """(length, hottest tier) of the payload under key, or None; no touch,
         from the index alone."""
         k = _k(key)

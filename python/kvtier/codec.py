@@ -60,6 +60,7 @@ class CodecSpec:
     """
 
     __slots__ = ("_c",)
+    _c: S.kvt_codec_spec
 
     def __init__(self, text: Union[str, "CodecSpec"] = "raw") -> None:
         if isinstance(text, CodecSpec):
@@ -235,7 +236,7 @@ def _decode_params(layer_first: int, layer_count: int, expect_key: Optional[Key]
                    expect_fingerprint: Optional[Key]) -> tuple[S.kvt_decode_params, list[Any]]:
     p = S.init(S.kvt_decode_params)
     p.layer_first, p.layer_count = layer_first, layer_count
-    keep = []
+    keep: list[Any] = []
     if expect_key is not None:
         kk = Key(expect_key).struct
         keep.append(kk)
@@ -288,7 +289,7 @@ def decode(payload: Buffer, k: Any = None, v: Any = None, *, layer_first: int = 
     codes = {t.dtype for t in (tk, tv)} - {None}
     if len(codes) > 1:
         raise Error(ErrorCode.ESHAPE, detail="K and V have different dtypes")
-    code = codes.pop() if codes else payload_dtype
+    code: int = codes.pop() if codes else payload_dtype  # type: ignore[assignment]
     view = _view(tk, tv, code)
     p, keep = _decode_params(layer_first, layer_count, expect_key, expect_fingerprint)
     addr, n, pkeep = read_buffer(payload)

@@ -32,12 +32,12 @@ class ErrorCode(enum.IntEnum):
 
 def err_name(code: int) -> str:
     """kvt_err_name(code): "KVT_ECHECKSUM", "ENOMEM", "OK"; "EUNKNOWN" if unknown."""
-    return lib.kvt_err_name(code).decode()
+    return str(lib.kvt_err_name(code).decode())
 
 
 def strerror(code: int) -> str:
     """kvt_strerror(code): a static human-readable message."""
-    return lib.kvt_strerror(code).decode()
+    return str(lib.kvt_strerror(code).decode())
 
 
 class Error(Exception):

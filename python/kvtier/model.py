@@ -8,7 +8,7 @@ import ctypes
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _structs as S
 from ._context import ctx
@@ -84,7 +84,7 @@ def model_preset(name: str) -> ModelArch:
 
 def model_presets() -> List[ModelArch]:
     """Every preset model, in the library's order."""
-    out = []
+    out: List[ModelArch] = []
     m = S.init(S.kvt_model_arch)
     while lib.kvt_model_preset_at(len(out), ctypes.byref(m)) == 0:
         out.append(ModelArch._from_struct(m))
@@ -139,7 +139,7 @@ def _link(p: Any) -> Link:
 
 def link_presets() -> List[Link]:
     """Every preset link (HBM, NVLink, PCIe, CXL, RDMA, NVMe), in order."""
-    out = []
+    out: List[Link] = []
     while True:
         p = lib.kvt_model_link_preset(len(out))
         if not p:
@@ -198,12 +198,17 @@ def _num(v: float) -> Optional[float]:
     return v if math.isfinite(v) else None
 
 
-def _links(links: Optional[Iterable[Union[str, Link, tuple]]]) -> List[Link]:
+LinkLike = Union[str, Link, Tuple[str, float]]
+
+
+def _links(links: Optional[Iterable[LinkLike]]) -> List[Link]:
     if links is None:
         return link_presets()
     out = []
     for item in links:
-        if isinstance(item, tuple):
+        if isinstance(item, Link):
+            out.append(item)
+        elif isinstance(item, tuple):
             out.append(Link(str(item[0]), "given", float(item[-1])))
         elif "=" in item:
             name, gbps = item.split("=", 1)
@@ -230,7 +235,7 @@ def _models(models: Union[ModelLike, Iterable[ModelLike]]) -> List[ModelArch]:
 def project(models: Union[ModelLike, Iterable[ModelLike]] = "llama-3.1-8b",
             codecs: Sequence[Codec] = ("raw", "k16v8", "int4"), *, batch: int = 32,
             context: float = 131072, step_ms: float = 10.0, spec_k: float = 1.0,
-            links: Optional[Iterable[Union[str, Link, tuple]]] = None, weights: bool = False,
+            links: Optional[Iterable[LinkLike]] = None, weights: bool = False,
             weight_bits: int = 0, params: Optional[float] = None) -> Dict[str, Any]:
     """Decode KV traffic per model and codec, and per link the shortfall and
     the longest context it feeds: the same numbers, in the same structure, as
@@ -262,19 +267,19 @@ def project(models: Union[ModelLike, Iterable[ModelLike]] = "llama-3.1-8b",
     c = ctx()
     out_models = []
     for arch in arches:
-        m = arch.struct
+        cm = arch.struct
         raw_rate = S.init(S.kvt_model_kv_rate)
-        c.call(lib.kvt_model_kv_rate_get, ctypes.byref(m), ctypes.byref(raw._c),
+        c.call(lib.kvt_model_kv_rate_get, ctypes.byref(cm), ctypes.byref(raw._c),
                ctypes.byref(raw_rate))
         raw_seq = lib.kvt_model_seq_bytes(ctypes.byref(raw_rate), cfg.context)
-        weight = lib.kvt_model_weight_bytes(ctypes.byref(m))
+        weight = lib.kvt_model_weight_bytes(ctypes.byref(cm))
         entry: Dict[str, Any] = {
             "name": arch.name, "layers": arch.layers, "kv_heads": arch.kv_heads,
             "k_dim": arch.k_dim, "v_dim": arch.v_dim or arch.k_dim, "window": arch.window,
             "mla": arch.mla, "params": _num(arch.params)}
         if weights:
             entry["weight_bytes"] = _num(weight)
-        entry["codecs"] = [_project_codec(c, m, name, spec, cfg, raw_seq, weight, link_list,
+        entry["codecs"] = [_project_codec(c, cm, name, spec, cfg, raw_seq, weight, link_list,
                                           weights) for name, spec in specs]
         out_models.append(entry)
     return {"batch": cfg.batch, "context": cfg.context, "step_ms": cfg.step_ms,

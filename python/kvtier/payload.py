@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import enum
 from dataclasses import dataclass
-from typing import List
+from typing import List, Tuple
 
 from . import _structs as S
 from ._buffers import Buffer, read_buffer
@@ -29,7 +29,7 @@ class Comp(enum.IntEnum):
 class PayloadInfo:
     """kvt_payload_info: the header's fields."""
 
-    version: tuple  # (major, minor) of the payload format
+    version: Tuple[int, int]  # (major, minor) of the payload format
     flags: int
     size: int  # whole payload, bytes
     header_size: int

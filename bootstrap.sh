@@ -102,7 +102,7 @@ case "$mode" in
       --force-reinstall --no-deps ./python
     cd "$build"  # not the source tree: the tests import the installed package
     exec env -u KVTIER_LIBRARY KVTIER_CLI="$PWD/programs/kvtier" KVTIER_EXPECT_BUNDLED=1 \
-      "$venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests"
+      "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$OLDPWD/python/tests"
     ;;
   test | asan)
     [ "$mode" = asan ] || python_env

@@ -37,5 +37,5 @@ for f in kvtier/py.typed "kvtier/_lib/$soname"; do
 done
 cd "$tmp"
 env -u KVTIER_LIBRARY PYTHONPATH="$tmp/site" PYTHONDONTWRITEBYTECODE=1 KVTIER_CLI="$cli" \
-  KVTIER_EXPECT_BUNDLED=1 "$py" -m pytest -q -p no:cacheprovider --basetemp="$tmp/pytest" \
+  KVTIER_EXPECT_BUNDLED=1 "$py" -m pytest -q -rs -p no:cacheprovider --basetemp="$tmp/pytest" \
   "$src/tests"

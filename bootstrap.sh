@@ -6,30 +6,35 @@
 #   ./bootstrap.sh asan     the same tests in an AddressSanitizer+UBSan build
 #   ./bootstrap.sh tsan     the multi-threaded tests (label "threads") under ThreadSanitizer
 #   ./bootstrap.sh build    install and build only
+#   ./bootstrap.sh python   build, bundle libkvtier into python/kvtier/_lib/, pip-install
+#                           the Python package into the venv below, run its tests
 #
 # Environment: BUILD_DIR (default build, build-asan, build-tsan), JOBS (default:
-# the number of cores), KVT_CMAKE_ARGS (extra cmake arguments). With CI=true,
+# the number of cores), KVT_CMAKE_ARGS (extra cmake arguments), KVT_VENV (the
+# Python venv for the binding's tests, outside the clone; default
+# ~/.cache/kvtier/venv-py, made by `test` and `python`). With CI=true,
 # warnings are errors.
 set -euo pipefail
 
 cd "$(dirname "$0")"
 mode=${1:-demo}
 case "$mode" in
-  demo | test | asan | tsan | build) ;;
+  demo | test | asan | tsan | build | python) ;;
   -h | --help)
-    sed -n '2,13p' "$0"
+    sed -n '2,18p' "$0"
     exit 0
     ;;
   *)
-    echo "bootstrap.sh: unknown mode '$mode' (demo, test, asan, tsan, build)" >&2
+    echo "bootstrap.sh: unknown mode '$mode' (demo, test, asan, tsan, build, python)" >&2
     exit 2
     ;;
 esac
 
-# Debian packages kvtier needs to build and test. CUDA (nvcc) is optional and
-# used when present.
+# Debian packages kvtier needs to build and test (python3-venv: the Python
+# binding's test venv). CUDA (nvcc) is optional and used when present.
 packages=(cmake make gcc g++ pkg-config libcmocka-dev libzstd-dev libxxhash-dev liburing-dev
-          libhiredis-dev redis-server redis-tools libfabric-dev libfabric-bin)
+          libhiredis-dev redis-server redis-tools libfabric-dev libfabric-bin python3
+          python3-venv)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -66,11 +71,41 @@ fi
 cmake -S . -B "$build" "${args[@]}"
 cmake --build "$build" -j "$jobs"
 
+# The venv of the Python binding's tests (ctest's test_python skips without
+# it): the pinned python/requirements-test.txt, installed again only when that
+# file changes.
+venv=${KVT_VENV:-${HOME:-/root}/.cache/kvtier/venv-py}
+python_env() {
+  local req=python/requirements-test.txt stamp=$venv/.kvtier-requirements
+  if ! [ -x "$venv/bin/python" ]; then
+    echo "bootstrap.sh: creating the Python venv $venv"
+    python3 -m venv "$venv"
+  fi
+  if ! cmp -s "$req" "$stamp"; then
+    echo "bootstrap.sh: installing $req into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+    cp "$req" "$stamp"
+  fi
+}
+
 case "$mode" in
   demo)
     exec "$build/programs/kvtier" demo
     ;;
+  python)
+    python_env
+    # The library the package loads when KVTIER_LIBRARY is unset: a copy in the package.
+    soname=$(basename "$(readlink "$build/libkvtier.so")")
+    rm -f python/kvtier/_lib/libkvtier.so*
+    cp -L "$build/libkvtier.so" "python/kvtier/_lib/$soname"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
+      --force-reinstall --no-deps ./python
+    cd "$build"  # not the source tree: the tests import the installed package
+    exec env -u KVTIER_LIBRARY KVTIER_CLI="$PWD/programs/kvtier" KVTIER_EXPECT_BUNDLED=1 \
+      "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$OLDPWD/python/tests"
+    ;;
   test | asan)
+    [ "$mode" = asan ] || python_env
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
     exec ctest --test-dir "$build" --output-on-failure -j "$jobs"

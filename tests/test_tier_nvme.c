@@ -16,18 +16,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "cache_test_util.h"
 #include "kvtier.h"
 #include "tier_test_util.h"
 
 typedef struct fx {
   const char *engine; /* "" or ",engine=pread" */
   char dir[256];
+  char mnt[300];  /* a small file system mounted for the test, or "" */
   char log[4096]; /* WARN lines, joined */
   kvt_ctx *ctx;
 } fx;
@@ -65,15 +69,17 @@ static int setup_pread(void **state) { return setup(state, ",engine=pread"); }
 
 static int teardown(void **state) {
   fx *f = *state;
+  if (f->mnt[0])
+    umount2(f->mnt, MNT_DETACH);
   kvt_ctx_destroy(f->ctx);
   nftw(f->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
   free(f);
   return 0;
 }
 
-static kvt_tier *open_tier(fx *f, const char *size) {
+static kvt_tier *open_tier_in(fx *f, const char *dir, const char *size) {
   char spec[512];
-  snprintf(spec, sizeof(spec), "nvme:%s:%s%s", f->dir, size, f->engine);
+  snprintf(spec, sizeof(spec), "nvme:%s:%s%s", dir, size, f->engine);
   kvt_tier *t = NULL;
   const int rc = kvt_tier_open(f->ctx, spec, &t);
   if (rc != 0)
@@ -83,6 +89,21 @@ static kvt_tier *open_tier(fx *f, const char *size) {
     assert_null(strstr(f->log, "io_uring unavailable"));
 #endif
   return t;
+}
+
+static kvt_tier *open_tier(fx *f, const char *size) { return open_tier_in(f, f->dir, size); }
+
+/* Mounts a tmpfs of 1 MiB on DIR/small: a file system that fills up long
+ * before the tiers' capacity. 0, or -1 where this process may not mount. */
+static int mount_small(fx *f) {
+  char mnt[sizeof(f->mnt)];
+  snprintf(mnt, sizeof(mnt), "%s/small", f->dir);
+  if (mkdir(mnt, 0700) != 0 || mount("kvt-test", mnt, "tmpfs", 0, "size=1m,mode=0700") != 0) {
+    print_message("skipped: cannot mount a tmpfs on %s: %s\n", mnt, strerror(errno));
+    return -1;
+  }
+  memcpy(f->mnt, mnt, sizeof(mnt));
+  return 0;
 }
 
 static kvt_key key_of(uint32_t id) {
@@ -285,6 +306,119 @@ static void test_force_pread_env_logs_the_fallback_and_works(void **state) {
   kvt_tier_close(t);
 }
 
+static int is_temp(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb, (void)flag;
+  return strncmp(path + ftw->base, ".tmp-", 5) == 0;
+}
+
+/* A file system that fills up before the tier's capacity: the PUT that
+ * does not fit is -ENOSPC with either engine (io_uring said -EIO), leaves
+ * no temporary behind, and what was stored stays whole. A value that fits
+ * only in the blocks of a deleted one (kept as a spare) is stored. */
+static void test_full_file_system_is_enospc_and_a_delete_makes_room(void **state) {
+  fx *f = *state;
+  if (mount_small(f) != 0) {
+    skip();
+    return;
+  }
+  char dir[400];
+  snprintf(dir, sizeof(dir), "%s/d", f->mnt);
+  kvt_tier *t = open_tier_in(f, dir, "64MiB");
+  enum { V = 100000, DISK = 4096 + 102400 };
+  static uint8_t v[V];
+  uint32_t stored = 0;
+  int rc = 0;
+  for (; stored < 40; stored++) {
+    fill(v, V, stored);
+    const kvt_key k = key_of(200 + stored);
+    if ((rc = kvt_tier_put(t, &k, v, V)) != 0)
+      break;
+  }
+  assert_int_equal(rc, -ENOSPC);
+  assert_true(stored >= 5);
+  assert_int_equal(nftw(dir, is_temp, 16, FTW_PHYS), 0);
+  for (uint32_t i = 0; i < stored; i++) {
+    static uint8_t got[V];
+    uint64_t len = 0;
+    const kvt_key k = key_of(200 + i);
+    assert_int_equal(kvt_tier_get(t, &k, got, V, &len), 0);
+    fill(v, V, i);
+    assert_memory_equal(got, v, V);
+  }
+  /* A size that needs more than the free space, and not the spare's size. */
+  struct statvfs fs;
+  assert_int_equal(statvfs(dir, &fs), 0);
+  uint64_t disk = ((uint64_t)fs.f_bavail * fs.f_frsize / 4096 + 1) * 4096;
+  if (disk == DISK)
+    disk += 4096;
+  assert_true(disk < (uint64_t)fs.f_bavail * fs.f_frsize + DISK);
+  const kvt_key gone = key_of(200), fresh = key_of(300);
+  assert_int_equal(kvt_tier_del(t, &gone), 0);
+  fill(v, V, 300);
+  assert_int_equal(kvt_tier_put(t, &fresh, v, disk - 4096), 0);
+  static uint8_t got[V];
+  uint64_t len = 0;
+  assert_int_equal(kvt_tier_get(t, &fresh, got, V, &len), 0);
+  assert_int_equal(len, disk - 4096);
+  assert_memory_equal(got, v, len);
+  kvt_tier_close(t);
+}
+
+/* A cache over an nvme tier whose file system fills up before its capacity:
+ * every put succeeds, the cache evicting the oldest payloads to make room,
+ * with either engine, and what it holds reads back exact. */
+static void test_cache_evicts_to_make_room_on_a_full_file_system(void **state) {
+  fx *f = *state;
+  if (mount_small(f) != 0) {
+    skip();
+    return;
+  }
+  char spec[512];
+  snprintf(spec, sizeof(spec), "nvme:%s/c:64MiB%s", f->mnt, f->engine);
+  kvt_cache_config cc = KVT_CACHE_CONFIG_INIT;
+  cc.tiers = spec;
+  kvt_cache *c = NULL;
+  assert_int_equal(kvt_cache_open(f->ctx, &cc, &c), 0);
+  kvt_key fp;
+  memset(&fp, 0x5a, sizeof(fp));
+  enum { N = 30 };
+  for (uint32_t i = 0; i < N; i++) {
+    const kvt_key k = key_of(400 + i);
+    uint64_t len = 0;
+    uint8_t *p = payload_of(f->ctx, &fp, &k, 300 + (i % 5) * 40, &len); /* 75 to 115 KiB */
+    const int rc = kvt_cache_put(c, &k, NULL, p, len);
+    if (rc != 0)
+      fail_msg("put %u: %s: %s", i, kvt_err_name(rc), f->log);
+    free(p);
+  }
+  kvt_cache_stats st = {.struct_size = sizeof(st)};
+  assert_int_equal(kvt_cache_stats_get(c, 0, &st), 0);
+  assert_true(st.evictions >= N / 2);
+  assert_true(st.items >= 5);
+  uint32_t held = 0;
+  for (uint32_t i = 0; i < N; i++) {
+    const kvt_key k = key_of(400 + i);
+    uint64_t len = 0;
+    uint8_t *want = payload_of(f->ctx, &fp, &k, 300 + (i % 5) * 40, &len);
+    uint8_t *got = malloc(len);
+    uint64_t got_len = 0;
+    const int rc = kvt_cache_get(c, &k, got, len, &got_len, NULL);
+    if (rc == 0) {
+      assert_int_equal(got_len, len);
+      assert_memory_equal(got, want, len);
+      held++;
+    } else {
+      assert_int_equal(rc, KVT_ENOTFOUND);
+    }
+    free(want);
+    free(got);
+  }
+  assert_int_equal(held, st.items);
+  const kvt_key last = key_of(400 + N - 1);
+  assert_int_equal(kvt_cache_query(c, &last, NULL, NULL), 0); /* the newest stays */
+  kvt_cache_close(c);
+}
+
 /* The child PUTs values 0, 1, 2, ... and reports each acknowledged one. */
 static void writer_child(const fx *f, int wfd) {
   kvt_ctx *ctx = NULL;
@@ -349,6 +483,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_force_pread_env_logs_the_fallback_and_works,
                                       setup_uring, teardown),
       BOTH(test_killed_writer_leaves_acknowledged_values_intact),
+      BOTH(test_full_file_system_is_enospc_and_a_delete_makes_room),
+      BOTH(test_cache_evicts_to_make_room_on_a_full_file_system),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -306,6 +306,72 @@ static void test_force_pread_env_logs_the_fallback_and_works(void **state) {
   kvt_tier_close(t);
 }
 
+/* Opens and closes the tier in a child; whether that ended within 10 s
+ * (the child is killed otherwise). */
+static int opens_promptly(const fx *f) {
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    char spec[512];
+    snprintf(spec, sizeof(spec), "nvme:%s:64MiB%s", f->dir, f->engine);
+    kvt_ctx *ctx = NULL;
+    kvt_tier *t = NULL;
+    _exit(kvt_ctx_create(NULL, &ctx) == 0 && kvt_tier_open(ctx, spec, &t) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  for (int ms = 0; ms < 10000; ms += 10) {
+    if (waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return 0;
+}
+
+/* Entries named like a key that are not regular files - a FIFO (whose open
+ * waited for a writer forever), a symbolic link (to a valid value of that
+ * key), a directory - are skipped with a warning at open, left in place, and
+ * the key is absent. */
+static void test_non_regular_files_named_like_keys_are_skipped_at_open(void **state) {
+  fx *f = *state;
+  kvt_tier *t = open_tier(f, "64MiB");
+  put_value(t, 1);
+  put_value(t, 3);
+  kvt_tier_close(t);
+  char fifo[512], link[512], sub[512], outside[512];
+  file_path(f, 2, fifo, sizeof(fifo));
+  file_path(f, 3, link, sizeof(link));
+  file_path(f, 4, sub, sizeof(sub));
+  snprintf(outside, sizeof(outside), "%s/elsewhere-3", f->dir);
+  assert_int_equal(rename(link, outside), 0);
+  assert_int_equal(symlink(outside, link), 0);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  assert_int_equal(mkdir(sub, 0700), 0);
+  assert_true(opens_promptly(f));
+  f->log[0] = '\0';
+  t = open_tier(f, "64MiB");
+  for (uint32_t i = 2; i <= 4; i++) {
+    const kvt_key k = key_of(i);
+    assert_int_equal(kvt_tier_query(t, &k, NULL), KVT_ENOTFOUND);
+  }
+  assert_int_equal(check_value(t, 1), 1);
+  kvt_tier_stats s = {.struct_size = sizeof(s)};
+  assert_int_equal(kvt_tier_stats_get(t, &s), 0);
+  assert_int_equal(s.items, 1);
+  kvt_tier_close(t);
+  const char *kinds[] = {"a FIFO", "a symbolic link", "a directory"};
+  const char *paths[] = {fifo, link, sub};
+  for (int i = 0; i < 3; i++) {
+    struct stat st;
+    assert_int_equal(lstat(paths[i], &st), 0); /* left in place */
+    const char *line = strstr(f->log, paths[i] + strlen(f->dir) + 4);
+    assert_non_null(line);
+    assert_non_null(strstr(line, kinds[i]));
+  }
+  assert_null(strstr(f->log, "torn"));
+}
+
 static int is_temp(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
   (void)sb, (void)flag;
   return strncmp(path + ftw->base, ".tmp-", 5) == 0;
@@ -483,6 +549,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_force_pread_env_logs_the_fallback_and_works,
                                       setup_uring, teardown),
       BOTH(test_killed_writer_leaves_acknowledged_values_intact),
+      BOTH(test_non_regular_files_named_like_keys_are_skipped_at_open),
       BOTH(test_full_file_system_is_enospc_and_a_delete_makes_room),
       BOTH(test_cache_evicts_to_make_room_on_a_full_file_system),
   };

@@ -1,6 +1,7 @@
 /* tiers/nvme/tier_nvme_open.c - opening and closing the nvme tier: the spec, the
  * directory and its 256 subdirectories, the index rebuilt from the header
- * blocks on disk (torn files and stray temporaries removed), the requests
+ * blocks on disk (torn files and stray temporaries removed, entries that are
+ * not regular files skipped), the requests
  * and I/O buffers preallocated for the data path, and the engine choice. */
 #include <dirent.h>
 #include <errno.h>
@@ -13,14 +14,39 @@
 
 #include "tier_nvme.h"
 
-/* Reads one file's header block; whether it names a whole, valid value. */
-static int scan_file(const nvme *n, int dfd, const char *name, uint8_t *blk, const kvt_key *k,
-                     uint64_t *len) {
-  const int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | (n->direct ? O_DIRECT : 0));
-  if (fd < 0)
-    return 0;
+static const char *file_kind(mode_t m) {
+  if (S_ISFIFO(m))
+    return "a FIFO";
+  if (S_ISLNK(m))
+    return "a symbolic link";
+  if (S_ISDIR(m))
+    return "a directory";
+  return "not a regular file";
+}
+
+/* Reads one file's header block: 1 when it names a whole, valid value, 0
+ * when it does not (torn), -1 when it is no file of ours to judge: not a
+ * regular file (a FIFO's open would wait for a writer forever, a link leads
+ * elsewhere), or it cannot be opened. Those are skipped and left alone. */
+static int scan_file(const nvme *n, int dfd, const char *sub, const char *name, uint8_t *blk,
+                     const kvt_key *k, uint64_t *len) {
   struct stat st;
-  const int ok = fstat(fd, &st) == 0 && pread(fd, blk, NVME_BLK, 0) == (ssize_t)NVME_BLK &&
+  if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+    return -1; /* gone since readdir */
+  int fd = -1;
+  if (S_ISREG(st.st_mode)) /* and still one when opened: no link followed, no wait */
+    fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK |
+                               (n->direct ? O_DIRECT : 0));
+  if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+    close(fd);
+    fd = -1;
+  }
+  if (fd < 0) {
+    kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s/%s: %s; skipped, left in place", sub, name,
+             S_ISREG(st.st_mode) ? strerror(errno) : file_kind(st.st_mode));
+    return -1;
+  }
+  const int ok = pread(fd, blk, NVME_BLK, 0) == (ssize_t)NVME_BLK &&
                  nvme_header_ok(blk, k, len) && (uint64_t)st.st_size == nvme_disk_size(*len);
   close(fd);
   return ok;
@@ -35,12 +61,15 @@ static int scan_subdir(nvme *n, const char *sub, int dfd, uint8_t *blk) {
   while (rc == 0 && (de = readdir(d)) != NULL) {
     kvt_key k;
     uint64_t len = 0;
+    int got;
     if (strncmp(de->d_name, ".tmp-", 5) == 0 || strncmp(de->d_name, ".free-", 6) == 0) {
       /* a PUT that never committed, or a spare (maybe half overwritten) */
       unlinkat(dfd, de->d_name, 0);
     } else if (nvme_hex_key(de->d_name, &k) != 0) {
       continue; /* ".", "..", or not ours: left alone */
-    } else if (!scan_file(n, dfd, de->d_name, blk, &k, &len)) {
+    } else if ((got = scan_file(n, dfd, sub, de->d_name, blk, &k, &len)) < 0) {
+      continue;
+    } else if (!got) {
       kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s/%s: bad header or size (torn); deleted", sub,
                de->d_name);
       unlinkat(dfd, de->d_name, 0);
@@ -61,10 +90,12 @@ static int scan_subdir(nvme *n, const char *sub, int dfd, uint8_t *blk) {
 static void probe(nvme *n) {
   char path[NVME_PATH];
   snprintf(path, sizeof(path), "%s/.probe-direct", n->dir);
-  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+  unlink(path); /* a new file: never a FIFO's open that waits, nor a link */
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
+  int fd = open(path, flags | O_DIRECT, 0644);
   n->direct = fd >= 0 || errno != EINVAL;
   if (fd < 0)
-    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    fd = open(path, flags, 0644);
   n->falloc = fd >= 0 && fallocate(fd, 0, 0, NVME_BLK) == 0;
   if (fd >= 0)
     close(fd);

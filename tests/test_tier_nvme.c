@@ -1,10 +1,13 @@
 /* tests/test_tier_nvme.c - what is particular to the nvme tier: values
  * survive close and reopen, a torn or rotten file is a miss (never wrong
- * bytes) and is deleted, stray temporaries go on open, capacity gives
- * -ENOSPC, an impossible DIR fails open with a detail, and a writer killed
- * mid-PUT leaves every acknowledged value intact. Each test runs on both
- * engines (io_uring and the forced pread/pwrite path). Behaviour every tier
- * shares is in test_tier_conformance.c. */
+ * bytes) and is deleted, stray temporaries go on open, entries that are not
+ * regular files are skipped, capacity and a full file system give -ENOSPC
+ * (and a cache over a full one evicts), an impossible DIR fails open with a
+ * detail, a writer killed mid-PUT leaves every acknowledged value intact,
+ * and a directory has one writer and readers beside it that delete
+ * nothing. Each test runs on both engines (io_uring and the forced
+ * pread/pwrite path). Behaviour every tier shares is in
+ * test_tier_conformance.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -306,6 +309,111 @@ static void test_force_pread_env_logs_the_fallback_and_works(void **state) {
   kvt_tier_close(t);
 }
 
+static void plant(const char *path, const char *text) {
+  FILE *fp = fopen(path, "w");
+  assert_non_null(fp);
+  fputs(text, fp);
+  assert_int_equal(fclose(fp), 0);
+}
+
+/* A second writer on a directory - in this process or another - is refused
+ * with -EBUSY naming the holder's pid, and touches nothing: a temporary of
+ * the holder's PUT in flight stays (an open removed it). The holder works
+ * on; once it closes, the directory opens again. */
+static void test_second_writer_is_ebusy_naming_the_holder(void **state) {
+  fx *f = *state;
+  kvt_tier *t = open_tier(f, "64MiB");
+  put_value(t, 1);
+  char tmp[512], spec[512], want[64];
+  snprintf(tmp, sizeof(tmp), "%s/a7/.tmp-a7a7-12", f->dir);
+  plant(tmp, "a PUT in flight");
+  snprintf(spec, sizeof(spec), "nvme:%s:64MiB%s", f->dir, f->engine);
+  snprintf(want, sizeof(want), "in use by pid %ld (", (long)getpid());
+  kvt_tier *t2 = NULL;
+  assert_int_equal(kvt_tier_open(f->ctx, spec, &t2), -EBUSY);
+  assert_null(t2);
+  assert_non_null(strstr(kvt_ctx_last_error(f->ctx), want));
+  assert_non_null(strstr(kvt_ctx_last_error(f->ctx), "this process"));
+  assert_non_null(strstr(kvt_ctx_last_error(f->ctx), "readonly=1"));
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) { /* another process: the error, then its detail */
+    kvt_ctx *ctx = NULL;
+    kvt_tier *t3 = NULL;
+    int rc = kvt_ctx_create(NULL, &ctx) == 0 ? kvt_tier_open(ctx, spec, &t3) : -1;
+    char msg[512];
+    snprintf(msg, sizeof(msg), "%s", ctx ? kvt_ctx_last_error(ctx) : "");
+    _exit(write(p[1], &rc, sizeof(rc)) == sizeof(rc) && write(p[1], msg, sizeof(msg)) > 0 ? 0 : 1);
+  }
+  close(p[1]);
+  int rc = 0;
+  char msg[512] = "";
+  assert_int_equal(read(p[0], &rc, sizeof(rc)), sizeof(rc));
+  assert_int_equal(read(p[0], msg, sizeof(msg)), sizeof(msg));
+  close(p[0]);
+  waitpid(pid, NULL, 0);
+  assert_int_equal(rc, -EBUSY);
+  assert_non_null(strstr(msg, want));
+  assert_null(strstr(msg, "this process"));
+  assert_true(exists(tmp));
+  put_value(t, 2);
+  assert_int_equal(check_value(t, 1), 1);
+  assert_int_equal(check_value(t, 2), 1);
+  kvt_tier_close(t);
+  t = open_tier(f, "64MiB");
+  assert_false(exists(tmp)); /* the owner's leftover, removed by the next owner */
+  assert_int_equal(check_value(t, 2), 1);
+  kvt_tier_close(t);
+}
+
+/* readonly=1 beside a writer: it opens, reads what the writer stored, and
+ * deletes nothing - not a temporary, a spare, a torn file nor one that does
+ * not verify (a miss) - and refuses PUT and DEL with -EROFS, while the
+ * writer works on. */
+static void test_reader_beside_a_writer_deletes_nothing(void **state) {
+  fx *f = *state;
+  kvt_tier *w = open_tier(f, "64MiB");
+  for (uint32_t i = 1; i <= 3; i++)
+    put_value(w, i);
+  char tmp[512], spare[512], torn[512], rotten[512], spec[512];
+  snprintf(tmp, sizeof(tmp), "%s/a7/.tmp-a7a7-12", f->dir);
+  snprintf(spare, sizeof(spare), "%s/a7/.free-77", f->dir);
+  file_path(f, 9, torn, sizeof(torn));
+  file_path(f, 2, rotten, sizeof(rotten));
+  plant(tmp, "a PUT in flight");
+  plant(spare, "a spare");
+  plant(torn, "not a value");
+  edit_file(rotten, 4096 + 5, 0);
+  snprintf(spec, sizeof(spec), "nvme:%s:64MiB%s,readonly=1", f->dir, f->engine);
+  kvt_tier *r = NULL;
+  const int rc = kvt_tier_open(f->ctx, spec, &r);
+  if (rc != 0)
+    fail_msg("open %s: %s: %s", spec, kvt_err_name(rc), kvt_ctx_last_error(f->ctx));
+  assert_int_equal(check_value(r, 1), 1);
+  assert_int_equal(check_value(r, 3), 1);
+  assert_int_equal(check_value(r, 2), 0);
+  const kvt_key k9 = key_of(9), k1 = key_of(1);
+  assert_int_equal(kvt_tier_query(r, &k9, NULL), KVT_ENOTFOUND);
+  assert_int_equal(kvt_tier_put(r, &k9, "x", 1), -EROFS);
+  assert_int_equal(kvt_tier_del(r, &k1), -EROFS);
+  put_value(w, 4); /* the writer works on */
+  assert_int_equal(check_value(w, 4), 1);
+  kvt_tier_close(r);
+  const char *kept[] = {tmp, spare, torn, rotten};
+  for (int i = 0; i < 4; i++)
+    if (!exists(kept[i]))
+      fail_msg("the reader deleted %s", kept[i]);
+  assert_int_equal(check_value(w, 1), 1);
+  kvt_tier_close(w);
+  snprintf(spec, sizeof(spec), "nvme:%s/none:64MiB,readonly=1", f->dir);
+  assert_int_equal(kvt_tier_open(f->ctx, spec, &r), -ENOENT); /* a reader creates nothing */
+  assert_non_null(strstr(kvt_ctx_last_error(f->ctx), "readonly=1 creates nothing"));
+  snprintf(spec, sizeof(spec), "%s/none", f->dir);
+  assert_false(exists(spec));
+}
+
 /* Opens and closes the tier in a child; whether that ended within 10 s
  * (the child is killed otherwise). */
 static int opens_promptly(const fx *f) {
@@ -550,6 +658,8 @@ int main(void) {
                                       setup_uring, teardown),
       BOTH(test_killed_writer_leaves_acknowledged_values_intact),
       BOTH(test_non_regular_files_named_like_keys_are_skipped_at_open),
+      BOTH(test_second_writer_is_ebusy_naming_the_holder),
+      BOTH(test_reader_beside_a_writer_deletes_nothing),
       BOTH(test_full_file_system_is_enospc_and_a_delete_makes_room),
       BOTH(test_cache_evicts_to_make_room_on_a_full_file_system),
   };

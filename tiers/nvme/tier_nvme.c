@@ -1,8 +1,10 @@
-/* tiers/nvme/tier_nvme.c - the "nvme" tier (nvme:DIR:SIZE[,qd=N][,engine=pread]):
- * one file per payload under DIR, written and read with O_DIRECT through
- * io_uring, surviving restarts. This file: the layout, the operations and
- * their state machines; tier_nvme_ring.c drives io_uring, tier_nvme_open.c
- * opens (spec, directory scan, preallocated requests and buffers).
+/* tiers/nvme/tier_nvme.c - the "nvme" tier
+ * (nvme:DIR:SIZE[,qd=N][,engine=pread][,readonly=1]): one file per payload
+ * under DIR, written and read with O_DIRECT through io_uring, surviving
+ * restarts; one writer per DIR (a lock), and readers beside it that change
+ * nothing. This file: the layout, the operations and their state machines;
+ * tier_nvme_ring.c drives io_uring, tier_nvme_open.c opens (spec, lock,
+ * directory scan, preallocated requests and buffers).
  *
  * Layout: DIR/<first key byte, 2 hex>/<key, 32 hex>. A file is a 4096-byte
  * header block (magic, version, key, payload length, XXH3-64 of the payload,
@@ -14,9 +16,9 @@
  * subdirectory; it is acknowledged only after that fsync, so an
  * acknowledged value has durable bytes and a durable name, and a power loss
  * cannot bring back the value it replaced. A crash before the rename leaves
- * the old value and a stray temporary (removed by the next open); the final
- * name only ever points at a file whose bytes were synced, so a torn file
- * can only come from the disk itself, and a GET verifies every byte it
+ * the old value and a stray temporary (removed by the next writer's open);
+ * the final name only ever points at a file whose bytes were synced, so a
+ * torn file can only come from the disk itself, and a GET verifies every byte it
  * returns (header checksum, length, payload XXH3): a file that does not
  * verify is deleted and the GET is a miss. Renames and index updates happen
  * in one order under the index lock, so the index describes the file that
@@ -554,7 +556,8 @@ static void get_corrupt(nreq *r, const char *why) {
   const int same = fstat(r->fd, &a) == 0 && fstatat(dfd, hex, &b, 0) == 0 &&
                    a.st_ino == b.st_ino && a.st_dev == b.st_dev;
   if (same) {
-    unlinkat(dfd, hex, 0);
+    if (!n->readonly) /* a reader forgets it; the writer may be replacing it */
+      unlinkat(dfd, hex, 0);
     kvt_index_entry *e = kvt_index_find(&n->ix, &r->op->key);
     if (e) {
       n->used -= e->off;
@@ -563,8 +566,8 @@ static void get_corrupt(nreq *r, const char *why) {
   }
   const unsigned long long count = ++n->corrupt;
   pthread_mutex_unlock(&n->mu);
-  kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s/%02x/%s: %s; deleted, a miss (corrupt files: %llu)",
-           n->dir, r->sub, hex, why, count);
+  kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s/%02x/%s: %s; %s, a miss (corrupt files: %llu)",
+           n->dir, r->sub, hex, why, n->readonly ? "left in place (read-only)" : "deleted", count);
   req_end(r, KVT_ENOTFOUND);
 }
 
@@ -792,6 +795,11 @@ static int op_meta(nvme *n, kvt_tier_op *op) {
 
 int nvme_submit(void *state, kvt_tier_op *op) {
   nvme *n = state;
+  if (n->readonly && (op->opcode == KVT_TIER_PUT || op->opcode == KVT_TIER_DEL)) {
+    op->result = -EROFS; /* readonly=1: nothing is written, renamed or deleted */
+    kvt_tier_complete(n->tier, op);
+    return 0;
+  }
   switch (op->opcode) {
   case KVT_TIER_PUT:
     return op_put(n, op);

@@ -39,7 +39,11 @@ static const char store_help[] =
     "Tier specs, separated by ';' (quote them in the shell):\n"
     "  nvme:DIR:SIZE[,qd=N][,engine=pread]  one file per payload under DIR; persists\n"
     "                           across invocations. Corrupt or torn files are\n"
-    "                           misses and are removed when found.\n"
+    "                           misses and are removed when put or rm finds them.\n"
+    "                           get, ls and stats open DIR read-only (readonly=1):\n"
+    "                           they run beside its writer (kvtier-server) and\n"
+    "                           delete nothing; put and rm need DIR to themselves\n"
+    "                           and fail (exit 3) naming the process holding it.\n"
     "  dram:SIZE                host memory: works, but is empty at every start,\n"
     "                           so it only makes sense for trying the commands\n"
     "  hbm:DEV:SIZE             GPU memory (CUDA builds): empty at every start too\n"
@@ -370,7 +374,38 @@ static int find_sub(int argc, char **argv) {
   return argc;
 }
 
-static int open_cache(store_args *a) {
+/* The tier list with ",readonly=1" after each nvme: spec (the last of its
+ * ';'-separated piece; a decorator's inner spec ends it too). The read
+ * subcommands open nvme tiers so: they run beside the directory's writer
+ * (kvtier-server, a put) and change nothing on disk, not even a file that
+ * does not verify. NULL when out of memory. */
+static char *readonly_specs(const char *list) {
+  static const char ro[] = ",readonly=1";
+  size_t pieces = 1;
+  for (const char *p = list; *p; p++)
+    pieces += *p == ';';
+  char *out = malloc(strlen(list) + pieces * (sizeof(ro) - 1) + 1);
+  if (!out)
+    return NULL;
+  char *o = out;
+  for (const char *piece = list;; piece++) {
+    const size_t len = strcspn(piece, ";");
+    memcpy(o, piece, len);
+    o += len;
+    if (strncmp(piece, "nvme:", 5) == 0 || memmem(piece, len, "@nvme:", 6)) {
+      memcpy(o, ro, sizeof(ro) - 1);
+      o += sizeof(ro) - 1;
+    }
+    piece += len;
+    if (!*piece)
+      break;
+    *o++ = ';';
+  }
+  *o = '\0';
+  return out;
+}
+
+static int open_cache(store_args *a, int readonly) {
   kvt_ctx_config cfg = KVT_CTX_CONFIG_INIT;
   cfg.log = log_stderr;
   cfg.log_level = KVT_LOG_WARN;
@@ -380,9 +415,15 @@ static int open_cache(store_args *a) {
     return CLI_EFAIL;
   }
   kvt_cache_config cc = KVT_CACHE_CONFIG_INIT;
-  cc.tiers = a->spec;
+  char *ro = readonly ? readonly_specs(a->spec) : NULL;
+  if (readonly && !ro) {
+    cli_error("out of memory");
+    return CLI_EFAIL;
+  }
+  cc.tiers = ro ? ro : a->spec;
   cc.flags = KVT_CACHE_NO_PROMOTE;
   err = kvt_cache_open(a->ctx, &cc, &a->cache);
+  free(ro);
   if (err == 0)
     return 0;
   const char *detail = kvt_ctx_last_error(a->ctx);
@@ -420,7 +461,8 @@ int cli_store_main(int argc, char **argv) {
     return rc;
   if (!a.spec)
     return cli_usage_error("store", "--tiers SPEC is required (e.g. nvme:DIR:100GiB)");
-  if ((rc = open_cache(&a)) == 0)
+  const int reads = sub->fn != store_put && sub->fn != store_rm; /* see readonly_specs */
+  if ((rc = open_cache(&a, reads)) == 0)
     rc = sub->fn(&a);
   kvt_cache_close(a.cache);
   kvt_ctx_destroy(a.ctx);

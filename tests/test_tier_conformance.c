@@ -1,12 +1,14 @@
 /* tests/test_tier_conformance.c - the one suite every tier must pass, run
  * against each spec in tier_rows[]: round trips, misses, overwrite, too-small
  * buffers, capacity, 256 operations in one submit, 8 threads on the blocking
- * helpers, close with operations in flight, stats, list, malformed
- * operations, traits; then the spec parser's refusals and the traits of
+ * helpers, close with operations in flight, stats, list, values tampered
+ * with on the medium (planted under another key, bit flips: a miss, never
+ * wrong bytes), malformed operations, traits; then the spec parser's refusals and the traits of
  * NULL, of an application's backend table (of either size), of decorators
  * over nvme and of hbm.
  *
- * Adding a tier is adding a row. "{tmpdir}" in a row is replaced by a fresh
+ * Adding a tier is adding a row (and, where its medium can be reached from
+ * outside the process, a tamper hook in tests/fixtures/tier_tamper.c). "{tmpdir}" in a row is replaced by a fresh
  * temporary directory per test, removed afterwards. A row whose scheme is not
  * built in (kvt_tier_open gives KVT_ENOTSUP) is skipped; if every row is,
  * the program exits 77. Each test opens its own tier on its own context,
@@ -31,6 +33,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "tier_tamper.h"
 #include "tier_test_util.h"
 
 typedef struct tier_row {
@@ -572,6 +575,117 @@ static void test_list_returns_exactly_the_stored_keys(void **state) {
   assert_int_equal(stop.calls, 3);
 }
 
+/* ---- tampering with the medium ---- */
+
+/* A tier binds a value to its key and checks its bytes: what someone with
+ * access to the medium changed or put there (tier_tamper.h) is a miss, never
+ * a value with result 0. Rows whose medium this process cannot reach say why
+ * and skip. Sizes: one part, and several where the row splits values. */
+static const size_t tamper_sizes[] = {3000, 200 * 1024 + 5};
+
+static void tamper_or_skip(const fixture *f) {
+  const char *why = tamper_unsupported(f->spec);
+  if (why) {
+    printf("[  SKIP    ] %s: %s\n", f->spec, why);
+    skip();
+  }
+}
+
+static void test_a_value_planted_under_another_key_is_a_miss(void **state) {
+  fixture *f = *state;
+  tamper_or_skip(f);
+  for (uint32_t i = 0; i < sizeof(tamper_sizes) / sizeof(tamper_sizes[0]); i++) {
+    const size_t n = tamper_sizes[i];
+    const kvt_key a = key_of(15, 3 * i), b = key_of(15, 3 * i + 1), never = key_of(15, 3 * i + 2);
+    uint8_t *va = filled(n, 150 + i), *vb = filled(n, 160 + i), *got = malloc(n);
+    assert_non_null(got);
+    uint64_t len = 0;
+    assert_int_equal(kvt_tier_put(f->tier, &a, va, n), 0);
+    assert_int_equal(kvt_tier_put(f->tier, &b, vb, n), 0);
+    assert_int_equal(tamper_plant(f->spec, &a, &b), 0); /* over a value of the same length */
+    assert_int_equal(tamper_plant(f->spec, &a, &never), 0); /* where there was none */
+    const int rb = kvt_tier_get(f->tier, &b, got, n, &len);
+    if (rb != KVT_ENOTFOUND)
+      fail_msg("%zu bytes: get of b holding a's value: %s%s", n, kvt_err_name(rb),
+               rb == 0 && memcmp(got, va, n) == 0 ? " with a's bytes" : "");
+    const int rn = kvt_tier_get(f->tier, &never, got, n, &len);
+    if (rn != KVT_ENOTFOUND)
+      fail_msg("%zu bytes: get of a key never put: %s", n, kvt_err_name(rn));
+    assert_int_equal(kvt_tier_query(f->tier, &never, &len), KVT_ENOTFOUND);
+    assert_int_equal(kvt_tier_get(f->tier, &a, got, n, &len), 0); /* the original stays */
+    assert_int_equal(len, n);
+    assert_memory_equal(got, va, n);
+    assert_int_equal(kvt_tier_put(f->tier, &b, vb, n), 0); /* and b can be put again */
+    assert_int_equal(kvt_tier_get(f->tier, &b, got, n, &len), 0);
+    assert_memory_equal(got, vb, n);
+    free(va);
+    free(vb);
+    free(got);
+  }
+}
+
+/* Offsets of the bit flips in each stored object: header bytes (those past
+ * the object's header fields are dropped), then the first, a middle and the
+ * last byte of the data. */
+static const uint64_t flip_at[] = {0, 4, 5, 8, 11, 15, 16, 20, 24, 28, 31, 32, 40, 47, 48, 55, 63};
+
+/* Puts val under k, flips one bit and gets it: whether that was a miss.
+ * Anything else is noted in `bad` ("object:byte=result"). */
+static int flip_one(fixture *f, const kvt_key *k, const uint8_t *val, size_t n, int seg,
+                    uint64_t off, uint8_t *got, char *bad, size_t cap) {
+  tamper_seg segs[64];
+  uint64_t len = 0;
+  assert_int_equal(kvt_tier_put(f->tier, k, val, n), 0);
+  assert_true(tamper_segments(f->spec, k, segs, 64) > seg);
+  assert_int_equal(tamper_flip(f->spec, k, seg, off, (int)(off % 8)), 0);
+  const int rc = kvt_tier_get(f->tier, k, got, n, &len);
+  if (rc == KVT_ENOTFOUND)
+    return 1;
+  const size_t used = strlen(bad);
+  snprintf(bad + used, cap - used, " %d:%llu=%s", seg, (unsigned long long)off,
+           rc != 0 ? kvt_err_name(rc) : memcmp(got, val, n) ? "wrong bytes" : "OK");
+  return 0;
+}
+
+static void test_a_bit_flipped_anywhere_in_a_stored_value_is_a_miss(void **state) {
+  fixture *f = *state;
+  tamper_or_skip(f);
+  int failed = 0;
+  for (uint32_t i = 0; i < sizeof(tamper_sizes) / sizeof(tamper_sizes[0]); i++) {
+    const size_t n = tamper_sizes[i];
+    const kvt_key k = key_of(16, i);
+    uint8_t *val = filled(n, 170 + i), *got = malloc(n);
+    tamper_seg segs[64];
+    char bad[2048] = "";
+    int flips = 0, missed = 0;
+    assert_non_null(got);
+    assert_int_equal(kvt_tier_put(f->tier, &k, val, n), 0);
+    const int nsegs = tamper_segments(f->spec, &k, segs, 64);
+    assert_true(nsegs >= 1);
+    for (int s = 0; s < nsegs; s++) {
+      for (size_t j = 0; j < sizeof(flip_at) / sizeof(flip_at[0]); j++)
+        if (flip_at[j] < segs[s].fields)
+          flips++, missed += flip_one(f, &k, val, n, s, flip_at[j], got, bad, sizeof(bad));
+      const uint64_t d = segs[s].data, dn = segs[s].data_len;
+      const uint64_t data_at[3] = {d, d + dn / 2, d + dn - 1};
+      for (int j = 0; j < 3 && dn; j++)
+        flips++, missed += flip_one(f, &k, val, n, s, data_at[j], got, bad, sizeof(bad));
+    }
+    if (missed != flips) {
+      print_error("%zu bytes in %d object(s): %d of %d flips not a miss (object:byte=result):%s\n",
+                  n, nsegs, flips - missed, flips, bad);
+      failed = 1;
+    }
+    uint64_t len = 0; /* put again, it is whole */
+    assert_int_equal(kvt_tier_put(f->tier, &k, val, n), 0);
+    assert_int_equal(kvt_tier_get(f->tier, &k, got, n, &len), 0);
+    assert_memory_equal(got, val, n);
+    free(val);
+    free(got);
+  }
+  assert_false(failed);
+}
+
 /* ---- malformed operations, spec ---- */
 
 static void test_malformed_ops_are_rejected_with_einval(void **state) {
@@ -820,6 +934,8 @@ int main(void) {
         ROW_TEST(test_blocking_helpers_from_8_threads_keep_values_whole),
         ROW_TEST(test_stats_count_the_operations_done),
         ROW_TEST(test_list_returns_exactly_the_stored_keys),
+        ROW_TEST(test_a_value_planted_under_another_key_is_a_miss),
+        ROW_TEST(test_a_bit_flipped_anywhere_in_a_stored_value_is_a_miss),
         ROW_TEST(test_malformed_ops_are_rejected_with_einval),
         ROW_TEST(test_traits_are_those_its_backend_declares),
     };

@@ -25,17 +25,23 @@
  *   conns=N          worker threads, each with one connection per node (4)
  *   pipeline=N       operations one worker sends before reading replies (32)
  *
- * Keys: kvt:NS:{HEX} holds a 32-byte header (magic, generation, length, part
- * count and size) and the first part; kvt:NS:{HEX}:GEN:p<i> the others, GEN
- * naming the PUT that wrote them (see tier_redis_ops.c). A PUT of one part
+ * Keys: kvt:NS:{HEX} holds a 64-byte header (magic, format, generation,
+ * length, part count and size, the key, the XXH3 of the first part and of
+ * the header) and the first part; kvt:NS:{HEX}:GEN:p<i> the others, each
+ * with a 32-byte header (index, generation, the XXH3 of its data and of its
+ * header with the key and length), GEN naming the PUT that wrote them (see
+ * tier_redis_format.c, tier_redis_ops.c). A PUT of one part
  * is one transaction (MULTI, GETRANGE of the old header, SET, EXEC); a PUT
  * of several writes them all, then switches the value key in one script
  * (EVAL: checks the parts, RENAME). So a failed PUT leaves any old value in
  * place, and concurrent PUTs and DELs of one key keep items and used exact.
  * Values are split into at most 1024 parts (larger than part= where
- * needed). A missing, expired, torn or foreign value is a miss (a GET that
- * misses or fails may have written into its buffer, never past the value's
- * length or the buffer's capacity).
+ * needed). A missing, expired, torn or foreign value is a miss, and so is a
+ * value that fails a check (another key's, a part of another value, a bit
+ * flipped in a header or the data, format 1 of kvtier 0.3.0), logged as a
+ * warning naming the Redis key; a GET never deletes it (the next PUT
+ * replaces it). A GET that misses or fails may have written into its
+ * buffer, never past the value's length or the buffer's capacity.
  * Errors: a full server (OOM, maxmemory with noeviction) is -ENOSPC; a dead
  * or unreachable server fails the operations on it with -ECONNREFUSED,
  * -ECONNRESET, -ETIMEDOUT (or KVT_EBACKEND), logged, and the next operation

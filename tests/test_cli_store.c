@@ -216,6 +216,22 @@ static void test_cli_store_two_tiers_demote_list_and_get(void **state) {
   assert_non_null(strstr(res.out, "1 keys"));
 }
 
+/* A password or token in --tiers is shown as *** in errors (the tiers
+ * cannot be reached here; test_tier_redis runs the output of a live one). */
+static void test_cli_store_shows_passwords_and_tokens_as_stars(void **state) {
+  (void)state;
+  static const char *const tiers[] = {
+      "redis://:S3CRET-pw@127.0.0.1:1?bogus=1", "dram:1MiB;;redis://:S3CRET-pw@127.0.0.1:1",
+      "redis://:S3CRET-pw@127.0.0.1:1",
+      "dram:1MiB;fabric://127.0.0.1:1?token=S3CRET-tok&timeout_ms=200"};
+  for (size_t i = 0; i < sizeof(tiers) / sizeof(tiers[0]); i++) {
+    const int rc = run("store --tiers '%s' ls", tiers[i]);
+    if (rc == 0 || strstr(res.out, "S3CRET") || strstr(res.err, "S3CRET") ||
+        (i < 2 && !strstr(res.err, "***")))
+      fail_msg("--tiers '%s': exit %d\n%s%s", tiers[i], rc, res.out, res.err);
+  }
+}
+
 static void test_cli_store_help_documents_subcommands_and_exit_codes(void **state) {
   (void)state;
   assert_int_equal(run("store --help"), 0);
@@ -239,6 +255,7 @@ int main(void) {
       cmocka_unit_test(test_cli_store_bad_tiers_spec_is_a_usage_error),
       cmocka_unit_test(test_cli_store_two_tiers_demote_list_and_get),
       cmocka_unit_test(test_cli_store_help_documents_subcommands_and_exit_codes),
+      cmocka_unit_test(test_cli_store_shows_passwords_and_tokens_as_stars),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

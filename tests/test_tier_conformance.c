@@ -3,16 +3,18 @@
  * buffers, capacity, 256 operations in one submit, 8 threads on the blocking
  * helpers, close with operations in flight, stats, list, values tampered
  * with on the medium (planted under another key, bit flips: a miss, never
- * wrong bytes), malformed operations, traits; then the spec parser's refusals and the traits of
- * NULL, of an application's backend table (of either size), of decorators
- * over nvme and of hbm.
+ * wrong bytes), malformed operations, traits; then the spec parser's
+ * refusals, secrets in specs (shown as ***, in no detail or log), the
+ * traits of NULL, of an application's backend table (of either size), of
+ * decorators over nvme and of hbm.
  *
  * Adding a tier is adding a row (and, where its medium can be reached from
- * outside the process, a tamper hook in tests/fixtures/tier_tamper.c). "{tmpdir}" in a row is replaced by a fresh
- * temporary directory per test, removed afterwards. A row whose scheme is not
- * built in (kvt_tier_open gives KVT_ENOTSUP) is skipped; if every row is,
- * the program exits 77. Each test opens its own tier on its own context,
- * whose allocator counts, so nothing may stay allocated after close.
+ * outside the process, a tamper hook in tests/fixtures/tier_tamper.c).
+ * "{tmpdir}" in a row is replaced by a fresh temporary directory per test,
+ * removed afterwards. A row whose scheme is not built in (kvt_tier_open
+ * gives KVT_ENOTSUP) is skipped; if every row is, the program exits 77.
+ * Each test opens its own tier on its own context, whose allocator counts,
+ * so nothing may stay allocated after close.
  *
  * KVT_CONFORMANCE_SPECS="SPEC|SPEC..." replaces the rows: the remote tiers'
  * tests start their servers (redis-server, a Redis Cluster, kvtier-server)
@@ -33,6 +35,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "tier_internal.h"
 #include "tier_tamper.h"
 #include "tier_test_util.h"
 
@@ -142,6 +145,8 @@ static int row_teardown(void **state) {
   return leaked == 0 ? 0 : -1;
 }
 
+static void shown_spec(const char *spec, char *out, size_t cap);
+
 /* ---- values ---- */
 
 static kvt_key key_of(uint32_t space, uint32_t id) {
@@ -189,7 +194,9 @@ static void test_fresh_tier_reports_its_spec_and_misses_every_key(void **state) 
   const kvt_key k = key_of(3, 0);
   uint8_t buf[16];
   uint64_t len = 0;
-  assert_string_equal(kvt_tier_spec(f->tier), f->spec);
+  char shown[512];
+  shown_spec(f->spec, shown, sizeof(shown)); /* secrets as "***" */
+  assert_string_equal(kvt_tier_spec(f->tier), shown);
   assert_int_equal(kvt_tier_get(f->tier, &k, buf, sizeof(buf), &len), KVT_ENOTFOUND);
   assert_int_equal(kvt_tier_del(f->tier, &k), KVT_ENOTFOUND);
   assert_int_equal(kvt_tier_query(f->tier, &k, &len), KVT_ENOTFOUND);
@@ -602,7 +609,7 @@ static void test_a_value_planted_under_another_key_is_a_miss(void **state) {
     uint64_t len = 0;
     assert_int_equal(kvt_tier_put(f->tier, &a, va, n), 0);
     assert_int_equal(kvt_tier_put(f->tier, &b, vb, n), 0);
-    assert_int_equal(tamper_plant(f->spec, &a, &b), 0); /* over a value of the same length */
+    assert_int_equal(tamper_plant(f->spec, &a, &b), 0);     /* over a value of the same length */
     assert_int_equal(tamper_plant(f->spec, &a, &never), 0); /* where there was none */
     const int rb = kvt_tier_get(f->tier, &b, got, n, &len);
     if (rb != KVT_ENOTFOUND)
@@ -643,7 +650,9 @@ static int flip_one(fixture *f, const kvt_key *k, const uint8_t *val, size_t n, 
     return 1;
   const size_t used = strlen(bad);
   snprintf(bad + used, cap - used, " %d:%llu=%s", seg, (unsigned long long)off,
-           rc != 0 ? kvt_err_name(rc) : memcmp(got, val, n) ? "wrong bytes" : "OK");
+           rc != 0               ? kvt_err_name(rc)
+           : memcmp(got, val, n) ? "wrong bytes"
+                                 : "OK");
   return 0;
 }
 
@@ -765,6 +774,131 @@ static void test_sizes_parse_with_binary_and_decimal_units(void **state) {
     assert_int_equal(v, 42);
   }
   assert_int_equal(kvt_parse_size(NULL, NULL), -EINVAL);
+}
+
+/* ---- secrets ---- */
+
+/* The spec as kvt_tier_spec and messages show it (docs/TIERS.md), for the
+ * rows' syntaxes: token= and password= values and the password of a URL's
+ * userinfo as "***". */
+static void shown_spec(const char *spec, char *out, size_t cap) {
+  char tmp[512];
+  snprintf(tmp, sizeof(tmp), "%s", spec);
+  const char *slashes = strstr(tmp, "://"), *q = strchr(tmp, '?');
+  const char *at =
+      slashes ? memchr(slashes, '@', (size_t)((q ? q : tmp + strlen(tmp)) - slashes)) : NULL;
+  size_t n = 0;
+  if (at) { /* USER:PASSWORD@ -> USER:***@ */
+    const char *user = slashes + 3, *colon = memchr(user, ':', (size_t)(at - user));
+    n = (size_t)snprintf(out, cap, "%.*s***", (int)((colon ? colon + 1 : user) - tmp), tmp);
+  }
+  for (const char *p = at ? at : tmp; *p && n + 1 < cap;) {
+    const int secret = (p[0] == '?' || p[0] == '&') &&
+                       (strncmp(p + 1, "token=", 6) == 0 || strncmp(p + 1, "password=", 9) == 0);
+    if (!secret) {
+      out[n++] = *p++;
+      continue;
+    }
+    const size_t name = (size_t)(strchr(p, '=') + 1 - p);
+    n += (size_t)snprintf(out + n, cap - n, "%.*s***", (int)name, p);
+    p += name + strcspn(p + name, "&");
+  }
+  out[n < cap ? n : cap - 1] = '\0';
+}
+
+static void test_secrets_in_specs_are_shown_as_stars(void **state) {
+  (void)state;
+  static const struct {
+    const char *spec, *shown;
+  } cases[] = {
+      {"redis://:s3cret@127.0.0.1:6379?ns=a", "redis://:***@127.0.0.1:6379?ns=a"},
+      {"redis://alice:w0nder%25land@h:1/2?ns=x", "redis://alice:***@h:1/2?ns=x"},
+      {"redis://s3cret@h:1", "redis://***@h:1"},
+      {"redis+cluster://u:p@a:1,b:2?ttl=5", "redis+cluster://u:***@a:1,b:2?ttl=5"},
+      {"redis://:a@b/c@h:1/3", "redis://:***@h:1/3"},     /* '@' and '/' in the password */
+      {"redis://:a?b@h:1?ns=n", "redis://:***@h:1?ns=n"}, /* an unescaped '?' */
+      {"redis://h:1?password=pw&ns=n", "redis://h:1?password=***&ns=n"},
+      {"fabric://h:1?tenant=t&token=tok&depth=4", "fabric://h:1?tenant=t&token=***&depth=4"},
+      {"fabric://h:1?token=a@b", "fabric://h:1?token=***"},
+      {"trace@fault:op=get,nth=1,mode=fail@redis://:pw@h:1",
+       "trace@fault:op=get,nth=1,mode=fail@redis://:***@h:1"},
+      {"dram:1GiB;redis://:pw@h:1;fabric://h:2?token=t",
+       "dram:1GiB;redis://:***@h:1;fabric://h:2?token=***"},
+      {"//u:pw@h:1?ns=a", "//u:***@h:1?ns=a"}, /* a backend's ARGS */
+      {"nvme:/srv/a@b:1GiB", "nvme:/srv/a@b:1GiB"},
+      {"dram:64MiB", "dram:64MiB"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    char got[256];
+    const size_t n = kvt_spec_redact(got, sizeof(got), cases[i].spec);
+    if (strcmp(got, cases[i].shown) != 0 || n != strlen(cases[i].shown))
+      fail_msg("'%s' shown as '%s' (%zu), want '%s'", cases[i].spec, got, n, cases[i].shown);
+  }
+  char small[8];
+  assert_int_equal(kvt_spec_redact(small, sizeof(small), "redis://:pw@h:1"), 16);
+  assert_string_equal(small, "redis:/"); /* cut, terminated */
+  assert_int_equal(kvt_spec_redact(NULL, 0, "fabric://h:1?token=t"), 22);
+}
+
+typedef struct loglines {
+  char all[8192];
+} loglines;
+
+static void collect_log(void *opaque, int level, const char *msg) {
+  loglines *l = opaque;
+  (void)level;
+  const size_t n = strlen(l->all);
+  snprintf(l->all + n, sizeof(l->all) - n, "%s\n", msg);
+}
+
+/* A spec's password or token is in no error detail and no log line, and
+ * kvt_tier_spec of a tier that opened shows "***" (the rows: fabric's
+ * token=). No server is needed: these opens fail. */
+static void test_a_failed_open_shows_no_secret_in_its_detail_or_logs(void **state) {
+  (void)state;
+  static const char *const specs[] = {
+      "redis://:S3CRET-1@127.0.0.1:1",
+      "redis://u:S3CRET-1@127.0.0.1:1?bogus=1",
+      "redis://:S3CRET-1@127.0.0.1:1/x",
+      "redis://:S3CRET-1@127.0.0.1:99999",
+      "redis://:S3CRET-1@127.0.0.1:1,h:2",
+      "redis://:S3CRET-1@@",
+      "redis::S3CRET-1@127.0.0.1:1",
+      "redis+cluster://:S3CRET-1@127.0.0.1:1/3",
+      "fabric://127.0.0.1:1?token=S3CRET-1&timeout_ms=200",
+      "fabric:127.0.0.1:1?token=S3CRET-1",
+      "fabric://127.0.0.1:1?token=S3CRET-1&depth=0",
+      "fault:@redis://:S3CRET-1@127.0.0.1:1",
+      "trace@redis://:S3CRET-1@127.0.0.1:1?ttl=x",
+      "nosuch://:S3CRET-1@h:1",
+      "dram:1MiB;;redis://:S3CRET-1@127.0.0.1:1",
+  };
+  for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
+    static loglines logs;
+    logs.all[0] = '\0';
+    kvt_ctx_config cfg = KVT_CTX_CONFIG_INIT;
+    cfg.log = collect_log;
+    cfg.log_opaque = &logs;
+    cfg.log_level = KVT_LOG_DEBUG;
+    kvt_ctx *ctx = NULL;
+    assert_int_equal(kvt_ctx_create(&cfg, &ctx), 0);
+    int rc;
+    if (strchr(specs[i], ';')) { /* a list: the cache's messages */
+      kvt_cache_config cc = KVT_CACHE_CONFIG_INIT;
+      kvt_cache *c = NULL;
+      cc.tiers = specs[i];
+      rc = kvt_cache_open(ctx, &cc, &c);
+      kvt_cache_close(c);
+    } else {
+      kvt_tier *t = NULL;
+      rc = kvt_tier_open(ctx, specs[i], &t);
+      kvt_tier_close(t);
+    }
+    const char *detail = kvt_ctx_last_error(ctx);
+    if (rc == 0 || !detail[0] || strstr(detail, "S3CRET") || strstr(logs.all, "S3CRET"))
+      fail_msg("'%s': %s, detail '%s', log '%s'", specs[i], kvt_err_name(rc), detail, logs.all);
+    kvt_ctx_destroy(ctx);
+  }
 }
 
 /* ---- traits ---- */
@@ -944,6 +1078,8 @@ int main(void) {
   const struct CMUnitTest spec_tests[] = {
       cmocka_unit_test(test_bad_specs_fail_with_a_detail_naming_the_problem),
       cmocka_unit_test(test_sizes_parse_with_binary_and_decimal_units),
+      cmocka_unit_test(test_secrets_in_specs_are_shown_as_stars),
+      cmocka_unit_test(test_a_failed_open_shows_no_secret_in_its_detail_or_logs),
       cmocka_unit_test(test_traits_of_null_are_none),
       cmocka_unit_test(test_backend_traits_come_from_its_table_and_its_size),
       cmocka_unit_test(test_decorators_answer_for_the_tier_they_wrap),

@@ -4,7 +4,8 @@
  * KVT_CONFORMANCE_SPECS), then what is particular to Redis: binary-safe
  * values, values split into parts, values failing a check (logged, left in
  * place), kvtier 0.3.0's values, namespaces, TTL, AUTH (password and ACL
- * user), a full server, torn parts, a server killed and restarted under load
+ * user; the password shown as *** by the tier and `kvtier store`), a full
+ * server, torn parts, a server killed and restarted under load
  * from several threads, and many clients at once; bad escapes in the
  * credentials of a spec; that `kvtier bench redis` runs, and that the
  * fixture forgets the servers it stopped. Failures of the connection and the
@@ -493,6 +494,55 @@ static void test_auth_with_password_and_acl_user_and_wrong_password_is_eauth(voi
   rfx_stop(&s);
 }
 
+/* A password is shown as *** by kvt_tier_spec, and neither a refused AUTH
+ * nor `kvtier store` (output, errors) shows it. */
+static void test_the_password_is_shown_as_stars_and_never_in_details_or_cli_output(void **state) {
+  (void)state;
+  rfx_server *s = &aux;
+  memset(s, 0, sizeof(*s));
+  s->args[s->nargs++] = "--requirepass";
+  s->args[s->nargs++] = "Pw-s3cret";
+  s->pass = "Pw-s3cret";
+  assert_int_equal(rfx_start(s), 0);
+  kvt_ctx *ctx = ctx_new();
+  kvt_tier *t = tier_open(ctx, "redis://:Pw-s3cret@127.0.0.1:%d?ns=sec", s->port);
+  char want[128], spec[256], cmd[1024];
+  snprintf(want, sizeof(want), "redis://:***@127.0.0.1:%d?ns=sec", s->port);
+  assert_string_equal(kvt_tier_spec(t), want);
+  kvt_tier_close(t);
+  snprintf(spec, sizeof(spec), "redis://default:Pw-wr0ng@127.0.0.1:%d?ns=sec", s->port);
+  t = NULL;
+  assert_int_equal(kvt_tier_open(ctx, spec, &t), KVT_EAUTH);
+  if (strstr(kvt_ctx_last_error(ctx), "Pw-wr0ng"))
+    fail_msg("the detail shows the password: %s", kvt_ctx_last_error(ctx));
+  kvt_ctx_destroy(ctx);
+  const char *cli = KVT_BINARY_DIR "/programs/kvtier";
+  if (access(cli, X_OK) != 0) {
+    rfx_stop(s);
+    skip(); /* programs not built (the TSan build) */
+  }
+  static const struct {
+    const char *pw, *opt, *sub;
+  } runs[] = {{"Pw-s3cret", "", "stats"},
+              {"Pw-s3cret", "", "ls --json"},
+              {"Pw-s3cret", "", "rm --key 00112233445566778899aabbccddeeff"},
+              {"Pw-wr0ng", "", "ls"},
+              {"Pw-s3cret", "&bogus=1", "ls"}};
+  for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+    snprintf(cmd, sizeof(cmd), "%s store --tiers 'redis://:%s@127.0.0.1:%d?ns=sec%s' %s 2>&1", cli,
+             runs[i].pw, s->port, runs[i].opt, runs[i].sub);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char out[8192];
+    const size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    const int status = pclose(p);
+    if (strstr(out, "Pw-") || (i < 3 && !strstr(out, want)) || (i == 4 && !strstr(out, "***")))
+      fail_msg("%s: status %d:\n%s", cmd, status, out);
+  }
+  rfx_stop(s);
+}
+
 /* ---- a full server ---- */
 
 /* A server over its maxmemory (noeviction) refuses every command queued in
@@ -921,6 +971,7 @@ int main(void) {
       cmocka_unit_test(test_namespaces_never_see_each_others_keys),
       cmocka_unit_test(test_ttl_expires_values_into_misses),
       cmocka_unit_test(test_auth_with_password_and_acl_user_and_wrong_password_is_eauth),
+      cmocka_unit_test(test_the_password_is_shown_as_stars_and_never_in_details_or_cli_output),
       cmocka_unit_test(test_full_server_gives_enospc_and_recovers_after_deletes),
       cmocka_unit_test(test_del_frees_room_on_a_server_over_maxmemory),
       cmocka_unit_test(test_server_killed_mid_run_never_returns_wrong_bytes_and_recovers),

@@ -65,6 +65,7 @@ enum { OPT_KEY = 1, OPT_OUT = 2, OPT_JSON = 4 };
 
 typedef struct store_args {
   const char *spec, *key_hex, *out, *file;
+  char shown[1024]; /* the tiers as output shows them: kvt_tier_spec's, secrets as *** */
   int json;
   int have_key;
   kvt_key key;
@@ -84,7 +85,7 @@ static int tier_fail(const store_args *a, const char *what, int err) {
   if (err == -ENOSPC) {
     cli_error("%s: no tier of '%s' has room for the payload, even after moving colder "
               "payloads down",
-              what, a->spec);
+              what, a->shown);
     return CLI_EFAIL;
   }
   cli_error("%s: %s: %s", what, kvt_err_name(err), kvt_strerror(err));
@@ -94,7 +95,7 @@ static int tier_fail(const store_args *a, const char *what, int err) {
 }
 
 static int not_found(const store_args *a) {
-  cli_error("%s: not found in %s", a->key_hex, a->spec);
+  cli_error("%s: not found in %s", a->key_hex, a->shown);
   return CLI_EPAYLOAD;
 }
 
@@ -191,7 +192,7 @@ static int store_rm(store_args *a) {
     return not_found(a);
   if (err)
     return tier_fail(a, a->key_hex, err);
-  printf("%s: removed from %s\n", a->key_hex, a->spec);
+  printf("%s: removed from %s\n", a->key_hex, a->shown);
   return CLI_OK;
 }
 
@@ -236,7 +237,7 @@ static void ls_print(const store_args *a, const ls_list *l) {
   const int several = kvt_cache_tier_count(a->cache) > 1;
   if (a->json) {
     printf("{\"tier\": ");
-    cli_json_str(stdout, a->spec);
+    cli_json_str(stdout, a->shown);
     printf(", \"keys\": [");
   }
   for (size_t i = 0; i < l->n; i++) {
@@ -262,7 +263,7 @@ static int store_ls(store_args *a) {
   for (l.tier = 0; !err && l.tier < kvt_cache_tier_count(a->cache); l.tier++)
     err = kvt_tier_list(kvt_cache_tier(a->cache, l.tier), ls_add, &l);
   if (err == KVT_ENOTSUP) {
-    cli_error("%s: tier %d cannot list its keys", a->spec, l.tier - 1);
+    cli_error("%s: tier %d cannot list its keys", a->shown, l.tier - 1);
     rc = CLI_EFAIL;
   } else if (err) {
     rc = tier_fail(a, "list", err);
@@ -424,14 +425,22 @@ static int open_cache(store_args *a, int readonly) {
   cc.flags = KVT_CACHE_NO_PROMOTE;
   err = kvt_cache_open(a->ctx, &cc, &a->cache);
   free(ro);
-  if (err == 0)
+  if (err == 0) {
+    for (int t = 0; t < kvt_cache_tier_count(a->cache); t++) {
+      const size_t n = strlen(a->shown);
+      snprintf(a->shown + n, sizeof(a->shown) - n, "%s%s", t ? ";" : "",
+               kvt_tier_spec(kvt_cache_tier(a->cache, t)));
+    }
     return 0;
+  }
+  /* The detail names the tier that failed (its secrets as ***); the value
+   * of --tiers is not repeated, as it may hold a password or token. */
   const char *detail = kvt_ctx_last_error(a->ctx);
   if (!detail || !*detail)
     detail = kvt_strerror(err);
   if (err == -EINVAL || err == KVT_ESPEC || err == KVT_ENOTSUP)
-    return cli_usage_error("store", "--tiers '%s': %s", a->spec, detail);
-  cli_error("cannot open tiers '%s': %s", a->spec, detail);
+    return cli_usage_error("store", "--tiers: %s", detail);
+  cli_error("cannot open tiers: %s", detail);
   return err == -ENOMEM || err <= -4000 ? CLI_EFAIL : CLI_EIO;
 }
 

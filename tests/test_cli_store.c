@@ -333,6 +333,22 @@ static void test_cli_store_read_commands_beside_a_writer_delete_nothing(void **s
   kvt_tier_close(w);
 }
 
+/* A password or token in --tiers is shown as *** in errors (the tiers
+ * cannot be reached here; test_tier_redis runs the output of a live one). */
+static void test_cli_store_shows_passwords_and_tokens_as_stars(void **state) {
+  (void)state;
+  static const char *const tiers[] = {
+      "redis://:S3CRET-pw@127.0.0.1:1?bogus=1", "dram:1MiB;;redis://:S3CRET-pw@127.0.0.1:1",
+      "redis://:S3CRET-pw@127.0.0.1:1",
+      "dram:1MiB;fabric://127.0.0.1:1?token=S3CRET-tok&timeout_ms=200"};
+  for (size_t i = 0; i < sizeof(tiers) / sizeof(tiers[0]); i++) {
+    const int rc = run("store --tiers '%s' ls", tiers[i]);
+    if (rc == 0 || strstr(res.out, "S3CRET") || strstr(res.err, "S3CRET") ||
+        (i < 2 && !strstr(res.err, "***")))
+      fail_msg("--tiers '%s': exit %d\n%s%s", tiers[i], rc, res.out, res.err);
+  }
+}
+
 static void test_cli_store_help_documents_subcommands_and_exit_codes(void **state) {
   (void)state;
   assert_int_equal(run("store --help"), 0);
@@ -361,6 +377,7 @@ int main(void) {
       cmocka_unit_test(test_cli_store_get_of_foreign_or_non_payload_value_exits_1),
       cmocka_unit_test(test_cli_store_get_empty_output_path_is_a_usage_error),
       cmocka_unit_test(test_cli_store_overflowing_size_says_too_large),
+      cmocka_unit_test(test_cli_store_shows_passwords_and_tokens_as_stars),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -4,8 +4,9 @@
  * Spec: fabric://HOST:PORT[?OPTION&OPTION...], options
  *   tenant=NAME       the tenant namespace (default "default")
  *   token=TOKEN       its shared secret (default: $KVTIER_FABRIC_TOKEN, else
- *                     empty); note that the spec, token included, is what
- *                     kvt_tier_spec() returns, so prefer the environment
+ *                     empty); shown as token=*** by kvt_tier_spec() and in
+ *                     messages, but kept in the caller's spec string and
+ *                     in whatever else holds it, so prefer the environment
  *   timeout_ms=N      bound on every wait for the server (default 5000)
  *   provider=NAME     libfabric provider (default tcp;ofi_rxm; '+' may stand
  *                     for ';', e.g. verbs+ofi_rxm; auto: the first of efa,
@@ -837,9 +838,12 @@ static int parse_opt(kvt_ctx *ctx, fab_tier *s, char *opt, int *purge) {
 }
 
 static int parse_spec(kvt_ctx *ctx, const char *args, fab_tier *s, int *purge) {
-  if (!args || strncmp(args, "//", 2) != 0)
+  if (!args || strncmp(args, "//", 2) != 0) {
+    char shown[256];
+    kvt_spec_redact(shown, sizeof(shown), args ? args : "");
     return kvt_fail(ctx, KVT_ESPEC, "fabric tier: '%s': expected fabric://HOST:PORT[?options]",
-                    args ? args : "");
+                    shown);
+  }
   const char *a = args + 2, *q = strchr(a, '?');
   const size_t hn = q ? (size_t)(q - a) : strlen(a);
   if (parse_host_port(s, a, hn))

@@ -26,11 +26,14 @@ built without CUDA, a pageable payload buffer, an fp8 or MLA cache).
 from __future__ import annotations
 
 import ctypes
+import importlib
 import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 import weakref
 from ctypes import POINTER, Structure, c_int, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -146,7 +149,7 @@ _declare()
 
 def _torch() -> Any:
     try:
-        import torch
+        torch = importlib.import_module("torch")  # optional: no stubs needed
     except ImportError as e:
         raise ImportError("kvtier.gpu: a PagedKV works on torch CUDA tensors; install torch "
                           "(the rest of kvtier needs no torch)") from e
@@ -354,6 +357,18 @@ def _buffer(obj: Any, writable: bool) -> Tuple[int, int, Any]:
     return write_buffer(obj) if writable else read_buffer(obj)
 
 
+def _cuda_event(ev: Any, stream: Any) -> int:
+    """The cudaEvent_t of a torch.cuda.Event (or a raw handle as int)."""
+    if isinstance(ev, int):
+        return ev
+    if not getattr(ev, "cuda_event", 0):
+        ev.record(stream)  # torch creates its CUDA event at the first record
+    handle = int(getattr(ev, "cuda_event", 0) or 0)
+    if not handle:
+        raise TypeError(f"kvtier: {ev!r} is not a torch.cuda.Event with a CUDA event")
+    return handle
+
+
 # --- transfers -----------------------------------------------------------------
 
 
@@ -384,9 +399,11 @@ class StoreJob(Transfer):
     done() says True, or to wait), then the payload's `length` bytes at
     the destination are valid."""
 
-    def __init__(self, kv: "PagedKV", event: Any, keep: List[Any], dst: int, length: int) -> None:
+    def __init__(self, kv: "PagedKV", handle: "_Handle", event: Any, keep: List[Any], dst: int,
+                 length: int) -> None:
         super().__init__(event, keep)
         self._kv: Optional[PagedKV] = kv
+        self._handle = handle
         self._dst = dst
         self.length = length
 
@@ -403,13 +420,43 @@ class StoreJob(Transfer):
         self._kv = None
         self._keep = None
         try:
-            # The store's work is complete (its event): finishing on the
-            # handle's idle stream reads the verdict without waiting for work
-            # queued after it on the caller's stream.
-            kv._call(lib.kvt_gpu_store_finish, self._dst, self.length, kv._idle_stream_ptr())
+            # The store's work is complete (its event): finishing on an idle
+            # stream reads the verdict without waiting for work queued after
+            # it on the caller's stream.
+            kv._call(self._handle, lib.kvt_gpu_store_finish, self._dst, self.length,
+                     kv._idle_stream_ptr())
         finally:
-            kv._store_job = None
+            self._handle.busy = False
         return self.length
+
+
+class _Handle:
+    """One kvt_gpu_layout, with the context that holds the detail of its
+    calls and the lock that keeps them one at a time (kvtier/gpu.h)."""
+
+    def __init__(self, desc: kvt_gpu_layout_desc) -> None:
+        self.ctx = Context()
+        self.lock = threading.Lock()
+        self.ptr = c_void_p()
+        self.busy = False  # a store of it is unfinished
+        try:
+            self.ctx.call(lib.kvt_gpu_layout_create, ctypes.byref(desc), ctypes.byref(self.ptr))
+        except BaseException:
+            self.ctx.close()
+            raise
+
+    def call(self, fn: Any, *args: Any) -> int:
+        with self.lock:
+            if not self.ptr:
+                raise ValueError("kvtier: the PagedKV is closed")
+            return self.ctx.check(fn(self.ptr, *args))
+
+    def close(self) -> None:
+        with self.lock:
+            ptr, self.ptr = self.ptr, c_void_p()
+            if ptr:
+                lib.kvt_gpu_layout_destroy(ptr)
+            self.ctx.close()
 
 
 # --- the handle ----------------------------------------------------------------
@@ -435,11 +482,16 @@ class PagedKV:
         payloads record it.
     staging_bytes: device memory for staged loads from pinned host memory
         (STAGING_DEFAULT; 0 for none: the kernel then reads host memory).
+    store_handles: how many stores may be in flight at once (each holds a
+        small device status word): their host-side sealing (the payload's
+        XXH3 checksums, bound by one CPU core each) runs in parallel in
+        store_many().
 
     Block ids index the tensors' first (block) axis; token t of a transfer
     of block ids B is token t % block_size of block B[t // block_size].
     A handle may be used by several threads (calls are serialized); one
-    store is in flight at a time, loads on several streams at once.
+    store per store_handles is in flight at a time, loads on several
+    streams at once.
     Raises Error: KVT_ENOTSUP (fp8 or other quantized dtypes, MLA, a
     library without CUDA), KVT_ESHAPE (a layout the kernels cannot follow,
     layers that differ), KVT_ECUDA.
@@ -447,7 +499,7 @@ class PagedKV:
 
     def __init__(self, layers: Sequence[Any], *, layout: str = "vllm",
                  head_dim: Optional[int] = None, layer_begin: int = 0, model_layers: int = 0,
-                 staging_bytes: int = STAGING_DEFAULT) -> None:
+                 staging_bytes: int = STAGING_DEFAULT, store_handles: int = 4) -> None:
         torch = _torch()
         self._tensors = list(layers)
         if not self._tensors:
@@ -479,9 +531,7 @@ class PagedKV:
         self.layers = len(self._tensors)
         self.layer_begin = int(layer_begin)
         self.model_layers = int(model_layers) or self.layer_begin + self.layers
-        self._lock = threading.Lock()
-        self._ctx = Context()
-        self._store_job: Optional[StoreJob] = None
+        self._pick = threading.Lock()
         self._idle: Any = None
         ptrs = (c_void_p * self.layers)(*[t.data_ptr() for t in self._tensors])
         d = S.init(kvt_gpu_layout_desc)
@@ -493,17 +543,17 @@ class PagedKV:
                                                          lay.stride_head)
         d.k_offset, d.v_offset = lay.k_offset, lay.v_offset
         d.k_layers = ctypes.cast(ptrs, POINTER(c_void_p))
-        d.staging_bytes = staging_bytes
-        handle = c_void_p()
+        self._handles: List[_Handle] = []
+        self._finalizer = weakref.finalize(self, PagedKV._release, self._handles)
         with torch.cuda.device(self.device):
-            self._ctx.call(lib.kvt_gpu_layout_create, ctypes.byref(d), ctypes.byref(handle))
-        self._handle = handle
-        self._finalizer = weakref.finalize(self, PagedKV._release, handle, self._ctx)
+            for i in range(max(1, int(store_handles))):
+                d.staging_bytes = staging_bytes if i == 0 else 0  # loads use handle 0
+                self._handles.append(_Handle(d))
 
     @staticmethod
-    def _release(handle: c_void_p, ctx: Context) -> None:
-        lib.kvt_gpu_layout_destroy(handle)
-        ctx.close()
+    def _release(handles: List[_Handle]) -> None:
+        for h in handles:
+            h.close()
 
     def close(self) -> None:
         """Frees the handle's device memory (idempotent). No transfer of it
@@ -536,13 +586,12 @@ class PagedKV:
 
     # --- plumbing -----------------------------------------------------------------
 
-    def _call(self, fn: Any, *args: Any) -> int:
-        torch = _torch()
-        with self._lock:
-            if not self._handle:
-                raise ValueError("kvtier: the PagedKV is closed")
-            with torch.cuda.device(self.device):
-                return self._ctx.call(fn, self._handle, *args)
+    def _call(self, handle: Optional[_Handle], fn: Any, *args: Any) -> int:
+        """fn(layout, *args) on handle (None: the loading one), raising Error."""
+        if not self._handles:
+            raise ValueError("kvtier: the PagedKV is closed")
+        with _torch().cuda.device(self.device):
+            return (handle or self._handles[0]).call(fn, *args)
 
     def _stream(self, stream: Any) -> Tuple[Any, int]:
         """(torch stream, cudaStream_t) of the caller's stream argument."""
@@ -562,23 +611,27 @@ class PagedKV:
 
     def _slots(self, block_ids: Any, num_tokens: Optional[int]) -> Tuple[Any, int]:
         """The slot mapping of block_ids as an int64 CUDA tensor, made on the
-        current stream (the caller's, inside torch.cuda.stream)."""
+        current stream (the caller's, inside torch.cuda.stream): one small
+        host-to-device copy for host ids, two kernels for CUDA ids."""
         torch = _torch()
         bs = self.block_size
         if isinstance(block_ids, torch.Tensor) and block_ids.is_cuda:
             ids = block_ids.to(self.device, torch.int64).reshape(-1)
-        else:
-            a = np.asarray(block_ids.cpu() if isinstance(block_ids, torch.Tensor) else block_ids)
-            a = np.ascontiguousarray(a, dtype=np.int64).reshape(-1)
-            if a.size and (int(a.min()) < 0 or int(a.max()) >= self.num_blocks):
-                raise ValueError(f"kvtier: block ids must be in [0, {self.num_blocks}); got "
-                                 f"{int(a.min())}..{int(a.max())}")
-            ids = torch.from_numpy(a).pin_memory().to(self.device, non_blocking=True)
-        n = ids.numel() * bs if num_tokens is None else int(num_tokens)
-        if n <= 0 or n > ids.numel() * bs:
-            raise ValueError(f"kvtier: {n} tokens from {ids.numel()} blocks of {bs}")
-        slots = (ids[:, None] * bs + torch.arange(bs, device=self.device)).reshape(-1)[:n]
-        return slots.contiguous(), n
+            n = ids.numel() * bs if num_tokens is None else int(num_tokens)
+            if n <= 0 or n > ids.numel() * bs:
+                raise ValueError(f"kvtier: {n} tokens from {ids.numel()} blocks of {bs}")
+            slots = (ids[:, None] * bs + torch.arange(bs, device=self.device)).reshape(-1)
+            return slots[:n].contiguous(), n
+        a = np.asarray(block_ids.cpu() if isinstance(block_ids, torch.Tensor) else block_ids)
+        a = a.astype(np.int64, copy=False).reshape(-1)
+        n = a.size * bs if num_tokens is None else int(num_tokens)
+        if n <= 0 or n > a.size * bs:
+            raise ValueError(f"kvtier: {n} tokens from {a.size} blocks of {bs}")
+        if int(a.min()) < 0 or int(a.max()) >= self.num_blocks:
+            raise ValueError(f"kvtier: block ids must be in [0, {self.num_blocks}); got "
+                             f"{int(a.min())}..{int(a.max())}")
+        host = (a[:, None] * bs + np.arange(bs, dtype=np.int64)).reshape(-1)[:n]
+        return torch.from_numpy(host).pin_memory().to(self.device, non_blocking=True), n
 
     def _layers(self, layer_begin: Optional[int], layer_count: Optional[int]) -> Tuple[int, int]:
         lb = self.layer_begin if layer_begin is None else int(layer_begin)
@@ -597,7 +650,7 @@ class PagedKV:
         sp.encode = ctypes.pointer(ep)
         sp.layer_count, sp.tokens, sp.slots = n, int(num_tokens), 16  # not read
         out = c_uint64()
-        self._call(lib.kvt_gpu_store_bound, ctypes.byref(sp), ctypes.byref(out))
+        self._call(None, lib.kvt_gpu_store_bound, ctypes.byref(sp), ctypes.byref(out))
         return int(out.value)
 
     def store_async(self, block_ids: Any, out: Any, *, codec: Codec = "k16v8",
@@ -621,16 +674,31 @@ class PagedKV:
             current stream. Work queued on it before runs first.
 
         Raises Error: KVT_ESPEC, KVT_ESHAPE, KVT_ENOBUFS, KVT_ENOTSUP
-        (pageable `out`), KVT_ECUDA; RuntimeError while another store of this
-        handle is unfinished.
+        (pageable `out`), KVT_ECUDA; RuntimeError while store_handles stores
+        of this PagedKV are unfinished.
         """
+        with self._pick:
+            handle = next((h for h in self._handles if not h.busy), None)
+            if handle is None:
+                raise RuntimeError(f"kvtier: {len(self._handles)} stores of this PagedKV are "
+                                   "unfinished (store_handles): finish() one first")
+            handle.busy = True
+        try:
+            return self._store_async(handle, block_ids, out, codec, key, fingerprint,
+                                     token_begin, num_tokens, layer_begin, layer_count, stream)
+        except BaseException:
+            handle.busy = False
+            raise
+
+    def _store_async(self, handle: _Handle, block_ids: Any, out: Any, codec: Codec,
+                     key: Optional[KeyLike], fingerprint: Optional[KeyLike], token_begin: int,
+                     num_tokens: Optional[int], layer_begin: Optional[int],
+                     layer_count: Optional[int], stream: Any) -> StoreJob:
         torch = _torch()
-        if self._store_job is not None:
-            raise RuntimeError("kvtier: finish() the previous store of this PagedKV first "
-                               "(one store per handle is in flight at a time)")
         lb, n_layers = self._layers(layer_begin, layer_count)
-        ep = _encode_params(codec_spec(codec), key, fingerprint, lb, self.model_layers,
-                            token_begin, 0)
+        ep = _encode_params(codec_spec(codec), None if key is None else Key(key),
+                            None if fingerprint is None else Key(fingerprint), lb,
+                            self.model_layers, token_begin, 0)
         dst, cap, keep = _buffer(out, writable=True)
         ts, sptr = self._stream(stream)
         with torch.cuda.stream(ts):
@@ -639,18 +707,46 @@ class PagedKV:
             sp.encode = ctypes.pointer(ep)
             sp.layer_count, sp.tokens, sp.slots = n_layers, n, slots.data_ptr()
             length = c_size_t()
-            self._call(lib.kvt_gpu_store_async, ctypes.byref(sp), dst, cap,
+            self._call(handle, lib.kvt_gpu_store_async, ctypes.byref(sp), dst, cap,
                        ctypes.byref(length), sptr)
             ev = torch.cuda.Event()
             ev.record(ts)
-        job = StoreJob(self, ev, [slots, keep, ep], dst, int(length.value))
-        self._store_job = job
-        return job
+        return StoreJob(self, handle, ev, [slots, keep, ep], dst, int(length.value))
 
     def store(self, block_ids: Any, out: Any, **kw: Any) -> int:
         """store_async(...).finish(): stores and returns the payload's
         length once it is sealed and valid. Arguments as store_async()."""
         return self.store_async(block_ids, out, **kw).finish()
+
+    def store_many(self, block_ids: Sequence[Any], outs: Sequence[Any], *,
+                   keys: Optional[Sequence[Optional[KeyLike]]] = None,
+                   token_begins: Optional[Sequence[int]] = None, **kw: Any) -> List[int]:
+        """Stores several chunks (block_ids[i] into outs[i], with keys[i] and
+        token_begins[i]) on one stream, the kernels back to back while the
+        finished ones are sealed on store_handles host threads; returns
+        their lengths once all are valid. Other keyword arguments as
+        store_async(). Raises the first Error after the stores launched
+        before it are finished (their payloads are valid)."""
+        if len(block_ids) != len(outs):
+            raise ValueError("kvtier: store_many needs one output per chunk")
+        lengths: List[int] = []
+        pending: Deque["Future[int]"] = deque()
+        with ThreadPoolExecutor(len(self._handles)) as pool:
+            try:
+                for i, (ids, out) in enumerate(zip(block_ids, outs)):
+                    if len(pending) == len(self._handles):
+                        lengths.append(pending.popleft().result())
+                    job = self.store_async(ids, out, key=keys[i] if keys else None,
+                                           token_begin=token_begins[i] if token_begins else 0,
+                                           **kw)
+                    pending.append(pool.submit(job.finish))
+            finally:
+                done = [f.exception() or f.result() for f in pending]
+            for d in done:
+                if isinstance(d, BaseException):
+                    raise d
+                lengths.append(d)
+        return lengths
 
     # --- load -----------------------------------------------------------------------
 
@@ -705,20 +801,68 @@ class PagedKV:
         lp.flags = (LOAD_TRUST_HOST | LOAD_TRUST_DEVICE) if trust else 0
         events = None
         if layer_events is not None:
+            if layer_count and layer_count != len(layer_events):
+                raise ValueError(f"kvtier: {len(layer_events)} layer events for {layer_count} "
+                                 "layers: give one event per layer loaded")
             lp.layer_count = len(layer_events)
-            for ev in layer_events:
-                if not getattr(ev, "cuda_event", 0):
-                    ev.record(ts)  # torch creates its CUDA event at the first record
             events = (c_void_p * max(len(layer_events), 1))(
-                *[int(ev.cuda_event) for ev in layer_events])
+                *[_cuda_event(ev, ts) for ev in layer_events])
             lp.layer_events = ctypes.cast(events, POINTER(c_void_p))
         with torch.cuda.stream(ts):
             slots, n = self._slots(block_ids, num_tokens)
             lp.tokens, lp.slots = n, slots.data_ptr()
-            self._call(lib.kvt_gpu_load, src, n_bytes, ctypes.byref(lp), sptr)
+            self._call(None, lib.kvt_gpu_load, src, n_bytes, ctypes.byref(lp), sptr)
             done = torch.cuda.Event()
             done.record(ts)
         return Transfer(done, [slots, keep, refs, events])
+
+    def load_many(self, payloads: Sequence[Any], block_ids: Sequence[Any], *,
+                  lengths: Optional[Sequence[Optional[int]]] = None,
+                  keys: Optional[Sequence[Optional[KeyLike]]] = None,
+                  expect_fingerprint: Optional[KeyLike] = None, threads: int = 4,
+                  stream: Any = None) -> Transfer:
+        """Loads several payloads (payloads[i], lengths[i] bytes, into
+        block_ids[i], expecting keys[i]) on one stream. Host payloads are
+        verified (every section's XXH3, kvtier.verify) on `threads` host
+        threads while the ones before them load, each launched as soon as it
+        and those before it are verified; device payloads are checked on the
+        GPU. Returns one Transfer for all. Raises the first Error (a damaged,
+        foreign or misshapen payload): the payloads before it are loaded,
+        none after it (treat the whole set as not loaded)."""
+        from .payload import verify
+
+        n = len(payloads)
+        if len(block_ids) != n:
+            raise ValueError("kvtier: load_many needs block ids for every payload")
+        views = []
+        for i, p in enumerate(payloads):
+            addr, nbytes, keep = _buffer(p, writable=False)
+            given = lengths[i] if lengths else None
+            ln = nbytes if given is None else int(given)
+            if ln > nbytes:
+                raise ValueError(f"kvtier: length {ln} exceeds payload {i}'s {nbytes} bytes")
+            host = mem_kind(addr) != MEM_DEVICE
+            views.append((np.ctypeslib.as_array((ctypes.c_uint8 * ln).from_address(addr))
+                          if host else None, ln, keep))
+        last: Optional[Transfer] = None
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            checks = [pool.submit(verify, v[0]) if v[0] is not None else None for v in views]
+            try:
+                for i, (view, ln, _) in enumerate(views):
+                    check = checks[i]
+                    if check is not None:
+                        check.result()
+                    last = self.load(payloads[i], block_ids[i], length=ln,
+                                     expect_key=keys[i] if keys else None,
+                                     expect_fingerprint=expect_fingerprint,
+                                     trust=check is not None, stream=stream)
+            finally:
+                for c in checks:
+                    if c is not None:
+                        c.cancel()
+        if last is None:
+            raise ValueError("kvtier: load_many of no payloads")
+        return Transfer(last._event, [views, last._keep])
 
     # --- through a kvtier cache --------------------------------------------------
 

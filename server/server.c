@@ -115,6 +115,11 @@ int kvt_server_create(kvt_ctx *ctx, const kvt_server_config *cfg, kvt_server **o
   sv->ctx = ctx;
   sv->wake_fd = -1;
   int rc = take_config(sv, cfg);
+  if (rc == 0) { /* libfabric loads (or is found missing) before a tier opens */
+    char err[600];
+    if ((rc = kvt_fab_load(err, sizeof(err))) != 0)
+      kvt_fail(ctx, rc, "%s", err);
+  }
   if (rc == 0 && (sv->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
     rc = kvt_fail(ctx, -errno, "eventfd: %s", strerror(errno));
   if (rc == 0) {

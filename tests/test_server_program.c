@@ -366,6 +366,40 @@ static void test_bad_options_exit_2_with_a_message(void **state) {
   assert_non_null(strstr(out, "kvtier-server --stats"));
 }
 
+/* Without libfabric.so.1 (a file of that name that does not load, first in
+ * the search path), the server says so and exits 1 before a tier opens:
+ * libkvtier loads it on first use instead of linking it. */
+static void test_a_missing_libfabric_is_a_clear_start_up_error(void **state) {
+  (void)state;
+  char dir[256], path[300], cmd[1024];
+  assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/libfabric.so.1", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("not a shared object\n", f);
+  fclose(f);
+  snprintf(cmd, sizeof(cmd),
+           "LD_LIBRARY_PATH=%s timeout -s KILL 20 %s --listen 127.0.0.1:0 --tiers "
+           "nvme:%s/store:1MiB --quiet 2>&1",
+           dir, SRV_BIN, dir);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  static char out[4096];
+  const size_t n = fread(out, 1, sizeof(out) - 1, p);
+  out[n] = 0;
+  const int st = pclose(p);
+  char store[300];
+  snprintf(store, sizeof(store), "%s/store", dir);
+  const int store_made = access(store, F_OK) == 0;
+  unlink(path);
+  srv_rmdir(dir);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 1)
+    fail_msg("exit status %d, said '%s'", st, out);
+  if (!strstr(out, "kvtier-server: libfabric.so.1 not found: "))
+    fail_msg("said '%s'", out);
+  assert_false(store_made); /* refused before the nvme tier opened */
+}
+
 /* Reads the child's lines until one contains want or 15 s pass. */
 static int read_until(FILE *in, const char *want, char *line, size_t cap) {
   while (fgets(line, (int)cap, in))
@@ -434,6 +468,7 @@ int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_options_exit_2_with_a_message),
+      cmocka_unit_test(test_a_missing_libfabric_is_a_clear_start_up_error),
       cmocka_unit_test_teardown(test_ready_line_and_sigint_exit_0, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_stats_request_and_prometheus_text, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_sigterm_exits_0_and_a_restart_has_the_nvme_values,

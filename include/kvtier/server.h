@@ -85,10 +85,11 @@ typedef struct kvt_server_config {
  * during the call only (strings copied). *out is written only on success.
  *
  * Returns 0; -EINVAL (NULL argument, a struct_size too small, a bad
- * tenant, a tier list of more than two, workers out of range), KVT_ESPEC or
- * KVT_ENOTSUP (a tier spec), a tier's error, -ENOMEM, the provider's error
- * opening the endpoint (e.g. -EADDRINUSE), or KVT_ENOTSUP (built without
- * libfabric). Detail in kvt_ctx_last_error(ctx).
+ * tenant, a tier list of more than two, workers out of range), KVT_EBACKEND
+ * (libfabric.so.1 could not be loaded: it is loaded on first use, before
+ * any tier opens), KVT_ESPEC or KVT_ENOTSUP (a tier spec), a tier's error,
+ * -ENOMEM, the provider's error opening the endpoint (e.g. -EADDRINUSE), or
+ * KVT_ENOTSUP (built without libfabric). Detail in kvt_ctx_last_error(ctx).
  * Thread-safety: like any call on ctx (one thread at a time). */
 KVT_API int kvt_server_create(kvt_ctx *ctx, const kvt_server_config *cfg, kvt_server **out);
 
@@ -136,8 +137,8 @@ KVT_API int kvt_server_tenant_valid(const char *name);
  * values[0..cap) receive the counters in the order of kvt_server_stat_name
  * (those the server did not send are 0); *count (may be NULL) gets how many
  * were written: min(cap, the number of names).
- * Returns 0; -EINVAL (NULL argument); the provider's error opening an
- * endpoint; -ETIMEDOUT (no reply in time); -EAGAIN (nobody listens at
+ * Returns 0; -EINVAL (NULL argument); KVT_EBACKEND (libfabric.so.1 could
+ * not be loaded); the provider's error opening an endpoint; -ETIMEDOUT (no reply in time); -EAGAIN (nobody listens at
  * host:port: the connection was refused, after about 1.5 s); KVT_EAUTH (tenant refused); another status the
  * server replied; KVT_ENOTSUP (no libfabric). Detail in
  * kvt_ctx_last_error(ctx). Thread-safety: like any call on ctx. */

@@ -33,7 +33,7 @@ static int start_servers(void **state) {
   dram_srv.args[2] = "--evict";
   dram_srv.args[3] = "none";
   dram_srv.args[4] = "--tenant";
-  dram_srv.args[5] = "conf:tok-1";
+  dram_srv.args[5] = "conf:conf-token-1-0123456";
   if (srv_start(&dram_srv) != 0)
     return -1;
   static char tiers[512];
@@ -45,7 +45,7 @@ static int start_servers(void **state) {
   nvme_srv.args[2] = "--evict";
   nvme_srv.args[3] = "none";
   nvme_srv.args[4] = "--tenant";
-  nvme_srv.args[5] = "conf:tok-2";
+  nvme_srv.args[5] = "conf:conf-token-2-0123456";
   return srv_start(&nvme_srv);
 }
 
@@ -60,8 +60,8 @@ static int stop_servers(void **state) {
 static void test_conformance_suite_passes_against_live_servers(void **state) {
   (void)state;
   char a[256], b[256], specs[600];
-  srv_spec(&dram_srv, a, sizeof(a), "conf", "tok-1", 10000, "purge=1");
-  srv_spec(&nvme_srv, b, sizeof(b), "conf", "tok-2", 10000, "purge=1");
+  srv_spec(&dram_srv, a, sizeof(a), "conf", "conf-token-1-0123456", 10000, "purge=1");
+  srv_spec(&nvme_srv, b, sizeof(b), "conf", "conf-token-2-0123456", 10000, "purge=1");
   snprintf(specs, sizeof(specs), "%s|%s", a, b);
   const pid_t pid = fork();
   assert_true(pid >= 0);

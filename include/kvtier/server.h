@@ -155,10 +155,12 @@ KVT_API int kvt_server_tenant_valid(const char *name);
  * (those the server did not send are 0); *count (may be NULL) gets how many
  * were written: min(cap, the number of names).
  * Returns 0; -EINVAL (NULL argument); KVT_EBACKEND (libfabric.so.1 could
- * not be loaded); the provider's error opening an endpoint; -ETIMEDOUT (no reply in time); -EAGAIN (nobody listens at
- * host:port: the connection was refused, after about 1.5 s); KVT_EAUTH (tenant refused); another status the
- * server replied; KVT_ENOTSUP (no libfabric). Detail in
- * kvt_ctx_last_error(ctx). Thread-safety: like any call on ctx. */
+ * not be loaded); the provider's error opening an endpoint; -ECONNREFUSED
+ * (nobody listens at host:port: the connection was refused, after about
+ * 1.5 s); -ETIMEDOUT (no reply in time); KVT_EAUTH (tenant refused);
+ * another status the server replied; KVT_ENOTSUP (built without
+ * libfabric). Detail in kvt_ctx_last_error(ctx), naming host:port once an
+ * endpoint opened. Thread-safety: like any call on ctx. */
 KVT_API int kvt_server_stats_fetch(kvt_ctx *ctx, const char *host, const char *port,
                                    const char *provider, const char *tenant, const char *token,
                                    uint64_t *values, size_t cap, size_t *count);

@@ -261,7 +261,7 @@ static int conn_open(fab_tier *s, conn **out) {
   const size_t pool = (size_t)(s->depth + c->n_recv) * KVT_PROTO_MSG_MAX;
   c->pool = kvt_alloc(s->ctx, pool, 4096);
   c->rctx = kvt_alloc(s->ctx, c->n_recv * sizeof(*c->rctx), 64);
-  char err[256];
+  char err[600] = ""; /* kvt_fab_open's detail, when no endpoint opened */
   kvt_fab_config fc = {.provider = s->provider, .peer_node = s->host, .peer_service = s->port};
   int rc = !c->pool || !c->rctx ? -ENOMEM : kvt_fab_open(&fc, &c->fab, err, sizeof(err));
   if (rc == 0)
@@ -278,8 +278,8 @@ static int conn_open(fab_tier *s, conn **out) {
     if (!s->started)
       kvt_fail(s->ctx, rc, "fabric tier: %s:%s (tenant '%s', provider %s): %s%s%s", s->host,
                s->port, s->tenant, s->provider, kvt_strerror(rc),
-               c->fab && kvt_fab_error(c->fab)[0] ? ": " : "",
-               c->fab ? kvt_fab_error(c->fab) : "");
+               (c->fab ? kvt_fab_error(c->fab) : err)[0] ? ": " : "",
+               c->fab ? kvt_fab_error(c->fab) : err);
     conn_free(s, c);
     return rc;
   }

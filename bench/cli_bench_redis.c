@@ -337,7 +337,7 @@ static int bench(rb *b) {
   if (rc)
     return rc;
   if ((rc = kvt_tier_open(ctx, spec, &t)) != 0) {
-    cli_error("bench redis: %s: %s", spec, kvt_ctx_last_error(ctx));
+    cli_error("bench redis: %s", kvt_ctx_last_error(ctx)); /* names the tier, secrets as *** */
     kvt_ctx_destroy(ctx);
     return CLI_EFAIL;
   }

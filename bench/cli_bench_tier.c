@@ -329,8 +329,8 @@ static int bench_size(tb *b, row *r) {
       fio_rep(b, r, &fw[rep], &fr[rep]);
   }
   if (rc)
-    cli_error("bench tier: %s: %llu x %llu bytes: %s", b->spec, (unsigned long long)count,
-              (unsigned long long)size, what);
+    cli_error("bench tier: %s: %llu x %llu bytes: %s", kvt_tier_spec(b->tier),
+              (unsigned long long)count, (unsigned long long)size, what);
   else {
     r->put_first_s = tp[0];
     r->put_s = cli_median(tp, b->reps);
@@ -354,7 +354,7 @@ static void print_json(const tb *b, const row *rows, size_t n, const char *cpu) 
   printf("{\"machine\": {\"cpu\": ");
   cli_json_str(stdout, cpu);
   printf(", \"cpus_online\": %u},\n \"tier\": ", cli_cpu_count());
-  cli_json_str(stdout, b->spec);
+  cli_json_str(stdout, kvt_tier_spec(b->tier));
   printf(", \"scheme\": \"%s\", \"qd\": %u, \"reps\": %u, \"baseline\": \"%s\",\n \"fio\": ",
          b->nvme ? "nvme" : "dram", b->qd, b->reps, b->nvme ? "fio" : "memcpy");
   if (b->nvme && b->fio_version[0]) {
@@ -394,11 +394,15 @@ static void print_json(const tb *b, const row *rows, size_t n, const char *cpu) 
 static void print_text(const tb *b, const row *rows, size_t n, const char *cpu, int argc,
                        char **argv) {
   printf("command: kvtier bench");
-  for (int i = 0; i < argc; i++)
-    printf(" %s", argv[i]);
+  for (int i = 0; i < argc; i++) { /* the spec as the tier shows it: secrets as *** */
+    if (strncmp(argv[i], "--tiers=", 8) == 0)
+      printf(" --tiers=%s", kvt_tier_spec(b->tier));
+    else
+      printf(" %s", i && !strcmp(argv[i - 1], "--tiers") ? kvt_tier_spec(b->tier) : argv[i]);
+  }
   printf("\nmachine: %s, %u CPUs online\n", cpu, cli_cpu_count());
-  printf("tier: %s; %u operations in flight (submit/poll); medians of %u repetitions\n", b->spec,
-         b->qd, b->reps);
+  printf("tier: %s; %u operations in flight (submit/poll); medians of %u repetitions\n",
+         kvt_tier_spec(b->tier), b->qd, b->reps);
   if (b->nvme && b->fio_version[0])
     printf("baseline: %s, one run per job after each repetition (medians of %u); writes with "
            "--fdatasync=1 (one fdatasync per block = per payload, as the tier's PUT)\n",
@@ -500,7 +504,8 @@ int cli_bench_tier_main(int argc, char **argv) {
   if ((rc = cli_ctx_create(KVT_SIMD_AUTO, &b.ctx)))
     return rc;
   if ((rc = kvt_tier_open(b.ctx, b.spec, &b.tier))) {
-    cli_error("bench tier: cannot open '%s': %s: %s", b.spec, kvt_err_name(rc),
+    /* The detail names the tier (its secrets as ***), the spec is not repeated. */
+    cli_error("bench tier: cannot open the tier: %s: %s", kvt_err_name(rc),
               kvt_ctx_last_error(b.ctx));
     kvt_ctx_destroy(b.ctx);
     return CLI_EFAIL;

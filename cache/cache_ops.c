@@ -7,6 +7,7 @@
 
 #include "cache_internal.h"
 #include "kvtier/payload.h"
+#include "tier_internal.h"
 
 #define IDX_MIN 192u /* entries the index holds before it first grows (256 slots) */
 #define GET_TRIES 4   /* a get that raced a move looks again */
@@ -75,10 +76,17 @@ static void add_tier(kvt_cache *c, kvt_tier *tier, int owned) {
   c->nshared += T->shared;
 }
 
+/* The list of specs as messages show it: secrets as "***". */
+static const char *list_shown(const char *list, char *buf, size_t cap) {
+  kvt_spec_redact(buf, cap, list);
+  return buf;
+}
+
 static int open_one(kvt_cache *c, const char *spec, const char *list) {
+  char shown[512];
   if (c->ntiers == KVT_CACHE_MAX_TIERS)
     return kvt_fail(c->ctx, -EINVAL, "cache: more than %d tiers in \"%s\"", KVT_CACHE_MAX_TIERS,
-                    list);
+                    list_shown(list, shown, sizeof(shown)));
   kvt_tier *tier;
   int r = kvt_tier_open(c->ctx, spec, &tier);
   if (r)
@@ -115,14 +123,15 @@ static int open_tiers(kvt_cache *c, const char *list) {
     return kvt_fail(c->ctx, -ENOMEM, "cache: out of memory");
   memcpy(copy, list, n + 1);
   int r = 0;
-  char *spec = copy;
+  char *spec = copy, shown[512];
   for (char *p = copy; !r; p++) {
     if (*p && !(*p == ';' && (starts_spec(p + 1) || p[1] == ';' || !p[1])))
       continue;
     int end = !*p;
     *p = 0;
     r = *spec ? open_one(c, spec, list)
-              : kvt_fail(c->ctx, -EINVAL, "cache: empty tier spec in \"%s\"", list);
+              : kvt_fail(c->ctx, -EINVAL, "cache: empty tier spec in \"%s\"",
+                         list_shown(list, shown, sizeof(shown)));
     spec = p + 1;
     if (end)
       break;

@@ -39,6 +39,41 @@ void kvt_gpu_layout_desc_vllm(kvt_gpu_layout_desc *d, int dtype, uint32_t layers
   d->v_offset = (int64_t)num_blocks * d->stride_block;
 }
 
+/* KVCacheLayout's stride permutations (vllm/v1/kv_cache_layout.py): the
+ * logical axes [L, B, H, N, C] in physical order, outermost first. */
+static const uint8_t vllm_orders[6][5] = {
+    {0, 1, 2, 3, 4}, /* LBHNC */
+    {0, 1, 3, 2, 4}, /* LBNHC */
+    {0, 2, 1, 3, 4}, /* LHBNC */
+    {1, 0, 2, 3, 4}, /* BLHNC */
+    {1, 0, 3, 2, 4}, /* BLNHC */
+    {1, 2, 0, 3, 4}, /* BHLNC */
+};
+
+void kvt_gpu_layout_desc_vllm_v1(kvt_gpu_layout_desc *d, int dtype, uint32_t layers,
+                                 void *const *t, uint32_t num_blocks, uint32_t block_size,
+                                 uint32_t heads, uint32_t head_dim, int layout) {
+  desc_init(d, dtype, layers, t, NULL, num_blocks, block_size, heads, head_dim);
+  if (layout < 0 || layout >= 6) {
+    d->layers = 0; /* refused by kvt_gpu_layout_create */
+    return;
+  }
+  /* vLLM's compute_layout_strides, in elements: innermost axis first, each
+   * stride the product of the sizes inside it. */
+  const uint64_t size[5] = {layers, num_blocks, heads, block_size, 2 * (uint64_t)head_dim};
+  int64_t stride[5];
+  uint64_t cur = 1;
+  for (int i = 4; i >= 0; i--) {
+    const int axis = vllm_orders[layout][i];
+    stride[axis] = (int64_t)cur;
+    cur *= size[axis];
+  }
+  d->stride_block = stride[1];
+  d->stride_head = stride[2];
+  d->stride_token = stride[3];
+  d->v_offset = head_dim;
+}
+
 void kvt_gpu_layout_desc_flashinfer_nhd(kvt_gpu_layout_desc *d, int dtype, uint32_t layers,
                                         void *const *t, uint32_t num_blocks,
                                         uint32_t block_size, uint32_t heads,

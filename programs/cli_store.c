@@ -39,7 +39,11 @@ static const char store_help[] =
     "Tier specs, separated by ';' (quote them in the shell):\n"
     "  nvme:DIR:SIZE[,qd=N][,engine=pread]  one file per payload under DIR; persists\n"
     "                           across invocations. Corrupt or torn files are\n"
-    "                           misses and are removed when found.\n"
+    "                           misses and are removed when put or rm finds them.\n"
+    "                           get, ls and stats open DIR read-only (readonly=1):\n"
+    "                           they run beside its writer (kvtier-server) and\n"
+    "                           delete nothing; put and rm need DIR to themselves\n"
+    "                           and fail (exit 3) naming the process holding it.\n"
     "  dram:SIZE                host memory: works, but is empty at every start,\n"
     "                           so it only makes sense for trying the commands\n"
     "  hbm:DEV:SIZE             GPU memory (CUDA builds): empty at every start too\n"
@@ -61,6 +65,7 @@ enum { OPT_KEY = 1, OPT_OUT = 2, OPT_JSON = 4 };
 
 typedef struct store_args {
   const char *spec, *key_hex, *out, *file;
+  char shown[1024]; /* the tiers as output shows them: kvt_tier_spec's, secrets as *** */
   int json;
   int have_key;
   kvt_key key;
@@ -80,7 +85,7 @@ static int tier_fail(const store_args *a, const char *what, int err) {
   if (err == -ENOSPC) {
     cli_error("%s: no tier of '%s' has room for the payload, even after moving colder "
               "payloads down",
-              what, a->spec);
+              what, a->shown);
     return CLI_EFAIL;
   }
   cli_error("%s: %s: %s", what, kvt_err_name(err), kvt_strerror(err));
@@ -90,7 +95,7 @@ static int tier_fail(const store_args *a, const char *what, int err) {
 }
 
 static int not_found(const store_args *a) {
-  cli_error("%s: not found in %s", a->key_hex, a->spec);
+  cli_error("%s: not found in %s", a->key_hex, a->shown);
   return CLI_EPAYLOAD;
 }
 
@@ -187,7 +192,7 @@ static int store_rm(store_args *a) {
     return not_found(a);
   if (err)
     return tier_fail(a, a->key_hex, err);
-  printf("%s: removed from %s\n", a->key_hex, a->spec);
+  printf("%s: removed from %s\n", a->key_hex, a->shown);
   return CLI_OK;
 }
 
@@ -232,7 +237,7 @@ static void ls_print(const store_args *a, const ls_list *l) {
   const int several = kvt_cache_tier_count(a->cache) > 1;
   if (a->json) {
     printf("{\"tier\": ");
-    cli_json_str(stdout, a->spec);
+    cli_json_str(stdout, a->shown);
     printf(", \"keys\": [");
   }
   for (size_t i = 0; i < l->n; i++) {
@@ -258,7 +263,7 @@ static int store_ls(store_args *a) {
   for (l.tier = 0; !err && l.tier < kvt_cache_tier_count(a->cache); l.tier++)
     err = kvt_tier_list(kvt_cache_tier(a->cache, l.tier), ls_add, &l);
   if (err == KVT_ENOTSUP) {
-    cli_error("%s: tier %d cannot list its keys", a->spec, l.tier - 1);
+    cli_error("%s: tier %d cannot list its keys", a->shown, l.tier - 1);
     rc = CLI_EFAIL;
   } else if (err) {
     rc = tier_fail(a, "list", err);
@@ -370,7 +375,38 @@ static int find_sub(int argc, char **argv) {
   return argc;
 }
 
-static int open_cache(store_args *a) {
+/* The tier list with ",readonly=1" after each nvme: spec (the last of its
+ * ';'-separated piece; a decorator's inner spec ends it too). The read
+ * subcommands open nvme tiers so: they run beside the directory's writer
+ * (kvtier-server, a put) and change nothing on disk, not even a file that
+ * does not verify. NULL when out of memory. */
+static char *readonly_specs(const char *list) {
+  static const char ro[] = ",readonly=1";
+  size_t pieces = 1;
+  for (const char *p = list; *p; p++)
+    pieces += *p == ';';
+  char *out = malloc(strlen(list) + pieces * (sizeof(ro) - 1) + 1);
+  if (!out)
+    return NULL;
+  char *o = out;
+  for (const char *piece = list;; piece++) {
+    const size_t len = strcspn(piece, ";");
+    memcpy(o, piece, len);
+    o += len;
+    if (strncmp(piece, "nvme:", 5) == 0 || memmem(piece, len, "@nvme:", 6)) {
+      memcpy(o, ro, sizeof(ro) - 1);
+      o += sizeof(ro) - 1;
+    }
+    piece += len;
+    if (!*piece)
+      break;
+    *o++ = ';';
+  }
+  *o = '\0';
+  return out;
+}
+
+static int open_cache(store_args *a, int readonly) {
   kvt_ctx_config cfg = KVT_CTX_CONFIG_INIT;
   cfg.log = log_stderr;
   cfg.log_level = KVT_LOG_WARN;
@@ -380,17 +416,31 @@ static int open_cache(store_args *a) {
     return CLI_EFAIL;
   }
   kvt_cache_config cc = KVT_CACHE_CONFIG_INIT;
-  cc.tiers = a->spec;
+  char *ro = readonly ? readonly_specs(a->spec) : NULL;
+  if (readonly && !ro) {
+    cli_error("out of memory");
+    return CLI_EFAIL;
+  }
+  cc.tiers = ro ? ro : a->spec;
   cc.flags = KVT_CACHE_NO_PROMOTE;
   err = kvt_cache_open(a->ctx, &cc, &a->cache);
-  if (err == 0)
+  free(ro);
+  if (err == 0) {
+    for (int t = 0; t < kvt_cache_tier_count(a->cache); t++) {
+      const size_t n = strlen(a->shown);
+      snprintf(a->shown + n, sizeof(a->shown) - n, "%s%s", t ? ";" : "",
+               kvt_tier_spec(kvt_cache_tier(a->cache, t)));
+    }
     return 0;
+  }
+  /* The detail names the tier that failed (its secrets as ***); the value
+   * of --tiers is not repeated, as it may hold a password or token. */
   const char *detail = kvt_ctx_last_error(a->ctx);
   if (!detail || !*detail)
     detail = kvt_strerror(err);
   if (err == -EINVAL || err == KVT_ESPEC || err == KVT_ENOTSUP)
-    return cli_usage_error("store", "--tiers '%s': %s", a->spec, detail);
-  cli_error("cannot open tiers '%s': %s", a->spec, detail);
+    return cli_usage_error("store", "--tiers: %s", detail);
+  cli_error("cannot open tiers: %s", detail);
   return err == -ENOMEM || err <= -4000 ? CLI_EFAIL : CLI_EIO;
 }
 
@@ -420,7 +470,8 @@ int cli_store_main(int argc, char **argv) {
     return rc;
   if (!a.spec)
     return cli_usage_error("store", "--tiers SPEC is required (e.g. nvme:DIR:100GiB)");
-  if ((rc = open_cache(&a)) == 0)
+  const int reads = sub->fn != store_put && sub->fn != store_rm; /* see readonly_specs */
+  if ((rc = open_cache(&a, reads)) == 0)
     rc = sub->fn(&a);
   kvt_cache_close(a.cache);
   kvt_ctx_destroy(a.ctx);

@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include "kvtier.h"
 
@@ -25,9 +28,13 @@ static const char usage[] =
     "                          printed in the ready line)\n"
     "  --tiers SPEC            default \"dram:4GiB\"; e.g.\n"
     "                          \"dram:4GiB;nvme:/var/lib/kvtier:100GiB\"\n"
-    "  --tenant NAME:TOKEN     a tenant namespace and its shared secret (repeat);\n"
-    "                          without any, tenant \"default\" with an empty token\n"
+    "  --tenant NAME:TOKEN     a tenant namespace and its shared secret, 16 to 128\n"
+    "                          bytes (repeat); an empty or shorter token is refused.\n"
+    "                          Without any: tenant \"default\" with an empty token,\n"
+    "                          on a loopback --listen only (127.0.0.0/8, ::1,\n"
+    "                          localhost) unless --insecure\n"
     "  --tenants FILE          NAME:TOKEN lines ('#' comments)\n"
+    "  --insecure              serve the tokenless \"default\" tenant on any address\n"
     "  --max-request SIZE      largest value accepted (default 256MiB): larger PUTs\n"
     "                          are refused with KVT_ETOOBIG\n"
     "  --max-inflight SIZE     payload bytes in flight per client (default 1GiB);\n"
@@ -42,7 +49,12 @@ static const char usage[] =
     "  --help\n"
     "\n"
     "SIGTERM or SIGINT: finish requests in progress (up to 10 s), close the tiers,\n"
-    "exit 0. Prints \"kvtier-server: ready on HOST:PORT ...\" once serving.\n";
+    "exit 0. Prints \"kvtier-server: ready on HOST:PORT ...\" once serving.\n"
+    "\n"
+    "Exit status: 0 stopped by a signal after serving, or --stats printed; 1 the\n"
+    "server could not start (a tier, the endpoint, libfabric) or failed, or --stats\n"
+    "got no counters (nothing listening, tenant refused, no reply); 2 bad usage (an\n"
+    "option, a tenant or token, no --tenant on a non-loopback --listen).\n";
 
 /* A signal before the server exists is remembered and passed on once it does. */
 static volatile sig_atomic_t stop_flag;
@@ -65,16 +77,19 @@ typedef struct tenant_opt {
 typedef struct opts {
   const char *listen, *tiers, *provider, *stats_addr;
   uint64_t max_request, max_inflight;
-  int workers, evict, quiet;
+  int workers, evict, quiet, insecure;
   tenant_opt tenants[KVT_SERVER_MAX_TENANTS];
   int n_tenants;
 } opts;
 
+/* NAME:TOKEN from where (an option or FILE:LINE). Messages name the
+ * tenant, never the token. */
 static int add_tenant(opts *o, const char *spec, const char *where) {
   const char *colon = strchr(spec, ':');
   const size_t nl = colon ? (size_t)(colon - spec) : 0;
-  if (!colon || nl == 0 || nl > KVT_SERVER_TENANT_MAX || strlen(colon + 1) > KVT_SERVER_TOKEN_MAX) {
-    fprintf(stderr, "kvtier-server: %s: '%s': expected NAME:TOKEN\n", where, spec);
+  if (!colon || nl == 0 || nl > KVT_SERVER_TENANT_MAX) {
+    fprintf(stderr, "kvtier-server: %s: '%.*s': expected NAME:TOKEN\n", where,
+            colon ? (int)nl : KVT_SERVER_TENANT_MAX, spec);
     return -1;
   }
   if (o->n_tenants == KVT_SERVER_MAX_TENANTS) {
@@ -87,6 +102,17 @@ static int add_tenant(opts *o, const char *spec, const char *where) {
   snprintf(t->token, sizeof(t->token), "%s", colon + 1);
   if (!kvt_server_tenant_valid(t->name)) {
     fprintf(stderr, "kvtier-server: %s: tenant '%s': 1-64 of [A-Za-z0-9._-]\n", where, t->name);
+    return -1;
+  }
+  /* An empty token is what `--tenant NAME:$(cat FILE)` gives when FILE is
+   * missing: refused, like a short one, rather than served to anyone. */
+  const size_t tl = strlen(colon + 1);
+  if (tl < KVT_SERVER_TOKEN_MIN || tl > KVT_SERVER_TOKEN_MAX) {
+    char what[64] = "empty token";
+    if (tl)
+      snprintf(what, sizeof(what), "token of %zu bytes", tl);
+    fprintf(stderr, "kvtier-server: %s: tenant '%s': %s (a token is %d to %d bytes)\n", where,
+            t->name, what, KVT_SERVER_TOKEN_MIN, KVT_SERVER_TOKEN_MAX);
     return -1;
   }
   for (int i = 0; i < o->n_tenants; i++)
@@ -160,6 +186,9 @@ static int parse_args(int argc, char **argv, opts *o) {
       exit(0);
     } else if (!strcmp(a, "--quiet")) {
       o->quiet = 1;
+      used = 0;
+    } else if (!strcmp(a, "--insecure")) {
+      o->insecure = 1;
       used = 0;
     } else if (!v) {
       fprintf(stderr, "kvtier-server: %s: missing value (or unknown option; see --help)\n", a);
@@ -257,14 +286,38 @@ static void server_log(void *opaque, int level, const char *msg) {
   fprintf(stderr, "kvtier-server: %s\n", msg);
 }
 
+/* As the library decides (server.c): 127.0.0.0/8, ::1 (also IPv4-mapped),
+ * localhost. Checked here too so that the refusal is a usage error. */
+static int host_is_loopback(const char *host) {
+  struct in_addr a4;
+  struct in6_addr a6;
+  if (strcasecmp(host, "localhost") == 0)
+    return 1;
+  if (inet_pton(AF_INET, host, &a4) == 1)
+    return (ntohl(a4.s_addr) >> 24) == 127;
+  if (inet_pton(AF_INET6, host, &a6) != 1)
+    return 0;
+  return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+}
+
 static int serve(opts *o) {
   char host[256], port[16];
   if (split_addr(o->listen, host, sizeof(host), port, sizeof(port))) {
     fprintf(stderr, "kvtier-server: --listen '%s': expected HOST:PORT\n", o->listen);
     return 2;
   }
+  const int loopback = host_is_loopback(host);
+  if (o->n_tenants == 0 && !loopback && !o->insecure) {
+    fprintf(stderr,
+            "kvtier-server: --listen %s is not loopback and no --tenant is given: the tenant "
+            "\"default\" has no token, so anyone who reaches it could read and write every "
+            "value; give --tenant NAME:TOKEN (or --insecure)\n",
+            o->listen);
+    return 2;
+  }
   if (o->n_tenants == 0 && !o->quiet)
-    fprintf(stderr, "kvtier-server: no --tenant given: one tenant, \"default\", empty token\n");
+    fprintf(stderr, "kvtier-server: no --tenant given: one tenant, \"default\", empty token%s\n",
+            loopback ? "" : " (--insecure: anyone who reaches the server may use it)");
   kvt_ctx_config cc = KVT_CTX_CONFIG_INIT;
   cc.log = log_to_stderr;
   cc.log_level = o->quiet ? KVT_LOG_ERROR : KVT_LOG_WARN;
@@ -287,6 +340,7 @@ static int serve(opts *o) {
   sc.workers = o->workers;
   sc.log = server_log;
   sc.log_level = o->quiet ? KVT_LOG_ERROR : KVT_LOG_WARN;
+  sc.flags = o->insecure ? KVT_SERVER_INSECURE : 0;
   kvt_server *srv = NULL;
   int rc = kvt_server_create(ctx, &sc, &srv);
   if (rc) {

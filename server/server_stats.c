@@ -83,6 +83,10 @@ static int hello_stats(kvt_fab *f, uint64_t to, uint8_t *buf, void *desc, const 
       snprintf(m.u.hello.token, sizeof(m.u.hello.token), "%s", token ? token : "");
     }
     rc = rpc(f, to, buf, buf + KVT_PROTO_MSG_MAX, desc, &m, &r);
+    /* The HELLO's send found no room for a second: the provider could not
+     * connect (tcp;ofi_rxm retries a refused connect meanwhile). */
+    if (rc == -EAGAIN)
+      rc = -ECONNREFUSED;
   }
   if (rc == 0) {
     kvt_proto_init(&m, KVT_PROTO_STATS, 2, r.h.session);
@@ -121,7 +125,9 @@ int kvt_server_stats_fetch(kvt_ctx *ctx, const char *host, const char *port, con
     rc = kvt_fab_av_insert_host(f, host, port, &to);
   if (rc == 0)
     rc = hello_stats(f, to, buf, mr.desc, tenant, token, v);
-  if (rc)
+  if (rc == -ECONNREFUSED)
+    kvt_fail(ctx, rc, "%s:%s: nothing is listening (connection refused)", host, port);
+  else if (rc)
     kvt_fail(ctx, rc, "%s:%s: %s", host, port, kvt_strerror(rc));
   kvt_fab_mr_dereg(&mr);
   kvt_fab_close(f);

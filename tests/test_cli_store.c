@@ -297,6 +297,58 @@ static void test_cli_store_overflowing_size_says_too_large(void **state) {
   assert_non_null(strstr(res.err, "above zero"));
 }
 
+/* Beside the directory's writer (a tier this test holds open, as
+ * kvtier-server would): get, ls and stats run and delete nothing - not the
+ * writer's temporary of a PUT in flight, not a value that is not a kvtier
+ * payload (a get refuses it) - and rm, a writer, fails naming the holder. */
+static void test_cli_store_read_commands_beside_a_writer_delete_nothing(void **state) {
+  (void)state;
+  char spec[300], tmp[300];
+  snprintf(spec, sizeof(spec), "nvme:%s/t8:64MiB", dir);
+  kvt_tier *w = NULL;
+  assert_int_equal(kvt_tier_open(ctx, spec, &w), 0);
+  const char *hex = "8899aabbccddeeff0011223344556677";
+  kvt_key key;
+  assert_int_equal(kvt_key_from_hex(hex, &key), 0);
+  static const char value[] = "a tenant's record, not a kvtier payload";
+  assert_int_equal(kvt_tier_put(w, &key, value, sizeof(value)), 0);
+  snprintf(tmp, sizeof(tmp), "t8/88/.tmp-%s-7", hex);
+  write_file(tmp, "a PUT in flight", 15);
+  assert_int_equal(store("t8", "ls"), 0);
+  assert_non_null(strstr(res.out, hex));
+  assert_int_equal(store("t8", "stats"), 0);
+  assert_true(store("t8", "get --key %s -o out8.kvt", hex) != 0);
+  assert_false(exists("out8.kvt"));
+  assert_true(exists(tmp));
+  char got[sizeof(value)];
+  uint64_t len = 0;
+  assert_int_equal(kvt_tier_get(w, &key, got, sizeof(got), &len), 0);
+  assert_int_equal(len, sizeof(value));
+  assert_memory_equal(got, value, sizeof(value));
+  char holder[64];
+  snprintf(holder, sizeof(holder), "in use by pid %ld", (long)getpid());
+  assert_int_equal(store("t8", "rm --key %s", hex), 3);
+  assert_non_null(strstr(res.err, holder));
+  assert_int_equal(kvt_tier_query(w, &key, NULL), 0);
+  kvt_tier_close(w);
+}
+
+/* A password or token in --tiers is shown as *** in errors (the tiers
+ * cannot be reached here; test_tier_redis runs the output of a live one). */
+static void test_cli_store_shows_passwords_and_tokens_as_stars(void **state) {
+  (void)state;
+  static const char *const tiers[] = {
+      "redis://:S3CRET-pw@127.0.0.1:1?bogus=1", "dram:1MiB;;redis://:S3CRET-pw@127.0.0.1:1",
+      "redis://:S3CRET-pw@127.0.0.1:1",
+      "dram:1MiB;fabric://127.0.0.1:1?token=S3CRET-tok&timeout_ms=200"};
+  for (size_t i = 0; i < sizeof(tiers) / sizeof(tiers[0]); i++) {
+    const int rc = run("store --tiers '%s' ls", tiers[i]);
+    if (rc == 0 || strstr(res.out, "S3CRET") || strstr(res.err, "S3CRET") ||
+        (i < 2 && !strstr(res.err, "***")))
+      fail_msg("--tiers '%s': exit %d\n%s%s", tiers[i], rc, res.out, res.err);
+  }
+}
+
 static void test_cli_store_help_documents_subcommands_and_exit_codes(void **state) {
   (void)state;
   assert_int_equal(run("store --help"), 0);
@@ -319,11 +371,13 @@ int main(void) {
       cmocka_unit_test(test_cli_store_get_of_file_corrupted_on_disk_exits_1_writes_nothing),
       cmocka_unit_test(test_cli_store_bad_tiers_spec_is_a_usage_error),
       cmocka_unit_test(test_cli_store_two_tiers_demote_list_and_get),
+      cmocka_unit_test(test_cli_store_read_commands_beside_a_writer_delete_nothing),
       cmocka_unit_test(test_cli_store_help_documents_subcommands_and_exit_codes),
       cmocka_unit_test(test_cli_store_get_to_device_nodes_writes_in_place),
       cmocka_unit_test(test_cli_store_get_of_foreign_or_non_payload_value_exits_1),
       cmocka_unit_test(test_cli_store_get_empty_output_path_is_a_usage_error),
       cmocka_unit_test(test_cli_store_overflowing_size_says_too_large),
+      cmocka_unit_test(test_cli_store_shows_passwords_and_tokens_as_stars),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

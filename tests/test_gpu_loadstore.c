@@ -2,14 +2,16 @@
  * against the CPU reference codec: GPU store bytes equal kvt_encode's, a GPU
  * load of a CPU payload leaves every slot equal to kvt_decode's output (and
  * every other element untouched), and store -> load round trips, for every
- * preset and several general specs, every engine layout (vLLM, FlashInfer
- * NHD and HND, separate K/V buffers), bf16 and fp16, block sizes 16, 64, 128.
+ * preset and several general specs, every engine layout (legacy vLLM,
+ * current vLLM in each of its six KVCacheLayouts, FlashInfer NHD and HND,
+ * separate K/V buffers), bf16 and fp16, block sizes 16, 64, 128.
  * Stores into device memory (checksums by the GPU's XXH3) give the same
  * bytes; loads of device payloads are checked on the GPU. The golden payloads
  * (tests/golden) load to kvt_decode's values and their inputs store to their
  * exact bytes. Bad payloads are refused. Label gpu: skips (77) without a
  * CUDA build or device; built without CUDA it first checks the calls return
- * KVT_ENOTSUP.
+ * KVT_ENOTSUP. In both builds the current-vLLM filler is first checked on the
+ * host against vLLM's stride rule (kvt_gpu_layout_desc_vllm_v1).
  * KVT_GPU_TEST_QUICK=1 runs one block size per layout (for compute-sanitizer). */
 #include <errno.h>
 #include <setjmp.h>
@@ -25,6 +27,98 @@
 #include "kvtier.h"
 #include "kvtier/gpu.h"
 
+/* vLLM 0.33's KVCacheLayout members (vllm/v1/kv_cache_layout.py): the
+ * logical axes [L, B, H, N, C] in physical order, outermost first. */
+static const struct {
+  const char *name;
+  int layout;
+  int order[5];
+} vllm_layouts[] = {
+    {"LBHNC", KVT_VLLM_LBHNC, {0, 1, 2, 3, 4}}, {"LBNHC", KVT_VLLM_LBNHC, {0, 1, 3, 2, 4}},
+    {"LHBNC", KVT_VLLM_LHBNC, {0, 2, 1, 3, 4}}, {"BLHNC", KVT_VLLM_BLHNC, {1, 0, 2, 3, 4}},
+    {"BLNHC", KVT_VLLM_BLNHC, {1, 0, 3, 2, 4}}, {"BHLNC", KVT_VLLM_BHLNC, {1, 2, 0, 3, 4}},
+};
+
+/* Element offset of logical [l, b, h, n, c] in a dense tensor of the given
+ * sizes stored in the given physical order (what torch.as_strided over
+ * vLLM's compute_layout_strides addresses). */
+static int64_t vllm_offset(const int order[5], const uint64_t size[5], const uint64_t at[5]) {
+  int64_t off = 0;
+  for (int i = 0; i < 5; i++)
+    off = off * (int64_t)size[order[i]] + (int64_t)at[order[i]];
+  return off;
+}
+
+/* The current-vLLM filler addresses every K and V element where vLLM puts
+ * it: K of (layer l, block b, head h, token n, dim d) at logical
+ * [l, b, h, n, d] and V at [l, b, h, n, head_dim + d] of the layers' one
+ * backing tensor, each layer's pointer being its view's start [l, 0, 0, 0, 0].
+ * The legacy filler keeps [2, blocks, block_size, heads, head_dim]. */
+static void test_gpu_layout_desc_vllm_v1_addresses_vllm_elements(void **state) {
+  (void)state;
+  const uint32_t L = 3, B = 5, H = 4, N = 16, D = 8;
+  const uint64_t size[5] = {L, B, H, N, 2 * D};
+  static uint16_t backing[3 * 5 * 4 * 16 * 16];
+  void *ptrs[3];
+  for (size_t i = 0; i < sizeof(vllm_layouts) / sizeof(vllm_layouts[0]); i++) {
+    const int *order = vllm_layouts[i].order;
+    for (uint32_t l = 0; l < L; l++) {
+      const uint64_t at[5] = {l, 0, 0, 0, 0};
+      ptrs[l] = backing + vllm_offset(order, size, at);
+    }
+    kvt_gpu_layout_desc d;
+    kvt_gpu_layout_desc_vllm_v1(&d, KVT_DTYPE_BF16, L, ptrs, B, N, H, D, vllm_layouts[i].layout);
+    assert_int_equal(d.struct_size, sizeof(d));
+    assert_int_equal(d.layers, L);
+    assert_int_equal(d.num_blocks, B);
+    assert_int_equal(d.block_size, N);
+    assert_int_equal(d.heads, H);
+    assert_int_equal(d.head_dim, D);
+    assert_null(d.v_layers);
+    assert_int_equal(d.staging_bytes, KVT_GPU_STAGING_DEFAULT);
+    for (uint32_t l = 0; l < L; l++)
+      for (uint32_t b = 0; b < B; b++)
+        for (uint32_t h = 0; h < H; h++)
+          for (uint32_t n = 0; n < N; n++)
+            for (uint32_t c = 0; c < 2 * D; c += D - 1) { /* dims 0, D-1 of K and V */
+              const uint64_t at[5] = {l, b, h, n, c};
+              const int kind = c >= D;
+              const int64_t want = vllm_offset(order, size, at);
+              const int64_t got = ((uint16_t *)d.k_layers[l] - backing) +
+                                  (kind ? d.v_offset : d.k_offset) + b * d.stride_block +
+                                  n * d.stride_token + h * d.stride_head + (c - kind * D);
+              if (got != want)
+                fail_msg("%s: layer %u block %u head %u token %u %s dim %u at %lld, vLLM "
+                         "puts it at %lld", vllm_layouts[i].name, l, b, h, n, kind ? "V" : "K",
+                         c - kind * D, (long long)got, (long long)want);
+            }
+  }
+  /* The default and its legacy name. */
+  assert_int_equal(KVT_VLLM_NHD, KVT_VLLM_LBNHC);
+  assert_int_equal(KVT_VLLM_HND, KVT_VLLM_LBHNC);
+  /* An unknown layout leaves nothing a layout could be made of. */
+  kvt_gpu_layout_desc d;
+  kvt_gpu_layout_desc_vllm_v1(&d, KVT_DTYPE_BF16, L, ptrs, B, N, H, D, 6);
+  assert_int_equal(d.layers, 0);
+  kvt_gpu_layout_desc_vllm_v1(&d, KVT_DTYPE_BF16, L, ptrs, B, N, H, D, -1);
+  assert_int_equal(d.layers, 0);
+  /* Legacy: K of all blocks, then V. */
+  kvt_gpu_layout_desc_vllm(&d, KVT_DTYPE_BF16, 1, ptrs, B, N, H, D);
+  assert_int_equal(d.stride_head, D);
+  assert_int_equal(d.stride_token, H * D);
+  assert_int_equal(d.stride_block, N * H * D);
+  assert_int_equal(d.k_offset, 0);
+  assert_int_equal(d.v_offset, (int64_t)B * N * H * D);
+}
+
+/* The checks that need no device, run first in every build. */
+static int run_host_tests(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_gpu_layout_desc_vllm_v1_addresses_vllm_elements),
+  };
+  return cmocka_run_group_tests_name("host", tests, NULL, NULL);
+}
+
 #ifdef KVT_TEST_HAVE_GPU
 #include <cuda_runtime_api.h>
 
@@ -33,8 +127,18 @@
 #define MAXL 8
 #define CUDA_OK(x) assert_int_equal((int)(x), 0)
 
-enum { LAY_VLLM, LAY_NHD, LAY_HND, LAY_SEP, N_LAYOUTS };
-static const char *const layout_names[] = {"vllm", "flashinfer-nhd", "flashinfer-hnd", "separate"};
+/* LAY_V1 + i: current vLLM in vllm_layouts[i]. */
+enum { LAY_VLLM, LAY_NHD, LAY_HND, LAY_SEP, LAY_V1, N_LAYOUTS = LAY_V1 + 6 };
+static const char *const layout_names[] = {"vllm-legacy", "flashinfer-nhd", "flashinfer-hnd",
+                                           "separate"};
+
+static const char *layout_name(int layout) {
+  static char buf[N_LAYOUTS][24];
+  if (layout < LAY_V1)
+    return layout_names[layout];
+  snprintf(buf[layout], sizeof(buf[layout]), "vllm-%s", vllm_layouts[layout - LAY_V1].name);
+  return buf[layout];
+}
 
 typedef struct shape {
   uint32_t layers, tokens, heads, head_dim;
@@ -48,6 +152,11 @@ typedef struct engine {
   int nbuf;
   uint16_t *host[2][MAXL];
   void *dev[2][MAXL];
+  /* Where each layer's view starts in its buffer (elements): current vLLM's
+   * block-outer layouts interleave the layers of one backing tensor, so each
+   * layer gets a buffer of the whole backing and starts at its own offset. */
+  size_t loff[MAXL];
+  void *view[MAXL];
   kvt_gpu_layout_desc desc;
 } engine;
 
@@ -99,7 +208,7 @@ static size_t eidx(const engine *e, int kind, uint32_t slot, uint32_t h, uint32_
 }
 
 static uint16_t *ebuf(engine *e, int kind, uint32_t layer) {
-  return e->host[e->nbuf == 2 ? kind : 0][layer];
+  return e->host[e->nbuf == 2 ? kind : 0][layer] + e->loff[layer];
 }
 
 /* A pattern in every element: a load must leave all but its slots alone. */
@@ -123,13 +232,27 @@ static void engine_make(engine *e, int layout, int dtype, uint32_t layers, uint3
   e->nbuf = layout == LAY_SEP ? 2 : 1;
   size_t per = (size_t)e->nb * e->bs * H * D;
   e->elems[0] = e->elems[1] = layout == LAY_SEP ? per : 2 * per;
+  const int *order = layout >= LAY_V1 ? vllm_layouts[layout - LAY_V1].order : NULL;
+  const uint64_t vsize[5] = {layers, e->nb, H, e->bs, 2 * (uint64_t)D};
+  if (order && order[0] != 0)
+    e->elems[0] *= layers; /* block-outer: the whole backing tensor */
   for (int b = 0; b < e->nbuf; b++)
     for (uint32_t l = 0; l < layers; l++) {
       e->host[b][l] = malloc(e->elems[b] * 2);
       assert_non_null(e->host[b][l]);
       CUDA_OK(cudaMalloc(&e->dev[b][l], e->elems[b] * 2));
+      const uint64_t at[5] = {l, 0, 0, 0, 0};
+      if (b == 0) {
+        e->loff[l] = order && order[0] != 0 ? (size_t)vllm_offset(order, vsize, at) : 0;
+        e->view[l] = (uint16_t *)e->dev[0][l] + e->loff[l];
+      }
     }
   engine_background(e);
+  if (order) {
+    kvt_gpu_layout_desc_vllm_v1(&e->desc, dtype, layers, e->view, e->nb, e->bs, H, D,
+                                vllm_layouts[layout - LAY_V1].layout);
+    return;
+  }
   switch (layout) {
   case LAY_VLLM:
     kvt_gpu_layout_desc_vllm(&e->desc, dtype, layers, e->dev[0], e->nb, e->bs, H, D);
@@ -167,7 +290,7 @@ static void engine_expect(engine *e, const char *what) {
         while (got[i] == e->host[b][l][i])
           i++;
         fail_msg("%s: %s buffer %d layer %u element %zu: got %04x, want %04x", what,
-                 layout_names[e->layout], b, l, i, got[i], e->host[b][l][i]);
+                 layout_name(e->layout), b, l, i, got[i], e->host[b][l][i]);
       }
       free(got);
     }
@@ -214,7 +337,7 @@ static void *pinned(size_t n) {
 static void run_combo(const combo *c) {
   char what[256];
   snprintf(what, sizeof(what), "%s %s %s bs %u shape %ux%ux%ux%u layers %u+%u", c->spec,
-           layout_names[c->layout], kvt_dtype_name(c->dtype), c->bs, c->s.layers, c->s.tokens,
+           layout_name(c->layout), kvt_dtype_name(c->dtype), c->bs, c->s.layers, c->s.tokens,
            c->s.heads, c->s.head_dim, c->lb, c->n);
   const shape *s = &c->s;
   const size_t n_el = (size_t)s->layers * s->tokens * s->heads * s->head_dim;
@@ -440,8 +563,9 @@ static void test_gpu_store_and_load_match_cpu_codec_every_preset_and_layout(void
   for (int layout = 0; layout < N_LAYOUTS; layout++)
     for (int dt = KVT_DTYPE_BF16; dt <= KVT_DTYPE_F16; dt++)
       for (size_t b = 0; b < 3; b++) {
-        if ((layout == LAY_SEP || quick) && b != (size_t)layout % 3)
-          continue; /* block size 1 for separate buffers; one size in quick mode */
+        if ((layout == LAY_SEP || layout >= LAY_V1 || quick) && b != (size_t)layout % 3)
+          continue; /* block size 1 for separate buffers; one size per current-vLLM
+                       layout (they cycle through the sizes) and in quick mode */
         for (size_t i = 0; i < N_MAIN; i++) {
           combo c = {s, main_specs[i], layout, dt, block_sizes[b], 1, 2};
           run_combo(&c);
@@ -863,6 +987,8 @@ static void test_gpu_golden_payloads_load_and_store_bit_exact(void **state) {
 
 int main(void) {
   int n = 0;
+  if (run_host_tests() != 0)
+    return 1;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     fprintf(stderr, "skipped: no CUDA device\n");
     return 77;
@@ -916,6 +1042,8 @@ static void test_gpu_calls_return_enotsup_without_cuda(void **state) {
 }
 
 int main(void) {
+  if (run_host_tests() != 0)
+    return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gpu_calls_return_enotsup_without_cuda),
   };

@@ -144,8 +144,10 @@ static void test_list_pages_show_every_held_key_once_while_keys_change(void **st
 
 /* ---- authentication and tenants ---- */
 
-static const char *two_tenants[] = {"--tiers",  "dram:32MiB",   "--tenant", "alice:secret-a",
-                                    "--tenant", "bob:secret-b", NULL};
+static const char *two_tenants[] = {"--tiers",  "dram:32MiB",
+                                    "--tenant", "alice:secret-a-0123456789",
+                                    "--tenant", "bob:secret-b-0123456789",
+                                    NULL};
 
 static void test_wrong_token_or_unknown_tenant_is_refused_at_open(void **state) {
   (void)state;
@@ -153,12 +155,12 @@ static void test_wrong_token_or_unknown_tenant_is_refused_at_open(void **state) 
   memcpy(f.args, two_tenants, sizeof(two_tenants));
   srv_start_or_fail(&f);
   kvt_tier *t = NULL;
-  assert_int_equal(open_tier(&f, "alice", "secret-b", 3000, &t), KVT_EAUTH);
+  assert_int_equal(open_tier(&f, "alice", "secret-b-0123456789", 3000, &t), KVT_EAUTH);
   assert_null(t);
   assert_non_null(strstr(kvt_ctx_last_error(ctx), "alice"));
-  assert_int_equal(open_tier(&f, "mallory", "secret-a", 3000, &t), KVT_EAUTH);
+  assert_int_equal(open_tier(&f, "mallory", "secret-a-0123456789", 3000, &t), KVT_EAUTH);
   assert_int_equal(open_tier(&f, "alice", "", 3000, &t), KVT_EAUTH);
-  assert_int_equal(open_tier(&f, "alice", "secret-a", 3000, &t), 0);
+  assert_int_equal(open_tier(&f, "alice", "secret-a-0123456789", 3000, &t), 0);
   kvt_tier_close(t);
   srv_stop_cleanly(&f, 20);
 }
@@ -183,8 +185,8 @@ static void test_tenants_cannot_read_delete_or_list_each_others_keys(void **stat
   memcpy(f.args, two_tenants, sizeof(two_tenants));
   srv_start_or_fail(&f);
   kvt_tier *a, *b;
-  assert_int_equal(open_tier(&f, "alice", "secret-a", 3000, &a), 0);
-  assert_int_equal(open_tier(&f, "bob", "secret-b", 3000, &b), 0);
+  assert_int_equal(open_tier(&f, "alice", "secret-a-0123456789", 3000, &a), 0);
+  assert_int_equal(open_tier(&f, "bob", "secret-b-0123456789", 3000, &b), 0);
   const kvt_key k = key_of(1, 1);
   uint8_t va[1000], vb[700], got[1000];
   fill(va, sizeof(va), 1);
@@ -411,7 +413,11 @@ static void test_create_refuses_bad_configs_with_a_detail(void **state) {
   } bad[] = {
       {"dram:8MiB", "alice", NULL, "NAME:TOKEN", 0},
       {"dram:8MiB", "al ice:x", NULL, "1-64", 0},
-      {"dram:8MiB", "alice:x", "alice:y", "twice", 0},
+      {"dram:8MiB", "alice:x-0123456789abcdef", "alice:y-0123456789abcdef", "twice", 0},
+      /* what `--tenant prefill:$(cat FILE)` gives when FILE is missing */
+      {"dram:8MiB", "prefill:", NULL, "tenant 'prefill': empty token", 0},
+      {"dram:8MiB", "alice:0123456789abcde", NULL, "tenant 'alice': token of 15 bytes", 0},
+      {"dram:8MiB", "ok:0123456789abcdef", "bob:", "tenant 'bob': empty token", 0},
       {"dram:1MiB;dram:1MiB;dram:1MiB", NULL, NULL, "two", 0},
       {"bogus:1", NULL, NULL, "bogus", 0},
       {"dram:8MiB", NULL, NULL, "workers", 300},
@@ -429,7 +435,20 @@ static void test_create_refuses_bad_configs_with_a_detail(void **state) {
     assert_ptr_equal(srv, (kvt_server *)&cfg);
     if (!strstr(kvt_ctx_last_error(ctx), bad[i].detail))
       fail_msg("case %zu: '%s' does not name '%s'", i, kvt_ctx_last_error(ctx), bad[i].detail);
+    assert_null(strstr(kvt_ctx_last_error(ctx), "0123456789abcde")); /* no token shown */
   }
+  /* A token of KVT_SERVER_TOKEN_MAX + 1 bytes. */
+  char long_spec[8 + KVT_SERVER_TOKEN_MAX + 2];
+  snprintf(long_spec, sizeof(long_spec), "alice:%0*d", KVT_SERVER_TOKEN_MAX + 1, 7);
+  const char *long_tenant[1] = {long_spec};
+  kvt_server_config lc = KVT_SERVER_CONFIG_INIT;
+  lc.listen_port = "0";
+  lc.tenants = long_tenant;
+  lc.n_tenants = 1;
+  kvt_server *none = NULL;
+  assert_int_equal(kvt_server_create(ctx, &lc, &none), -EINVAL);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "tenant 'alice': token of 129 bytes"));
+  assert_null(none);
   kvt_server_config old = KVT_SERVER_CONFIG_INIT;
   old.struct_size = sizeof(size_t);
   kvt_server *srv = NULL;
@@ -443,6 +462,53 @@ static void test_create_refuses_bad_configs_with_a_detail(void **state) {
   assert_true(kvt_server_tenant_valid("alice-1.b_c"));
   assert_false(kvt_server_tenant_valid(""));
   assert_false(kvt_server_tenant_valid("a:b"));
+}
+
+/* Creates a server with cfg and destroys it; returns what create did. */
+static int create_destroy(const kvt_server_config *cfg) {
+  kvt_server *srv = NULL;
+  const int rc = kvt_server_create(ctx, cfg, &srv);
+  kvt_server_destroy(srv);
+  return rc;
+}
+
+static void test_the_tokenless_default_tenant_is_served_on_loopback_only_unless_insecure(
+    void **state) {
+  (void)state;
+  kvt_server_config cfg = KVT_SERVER_CONFIG_INIT;
+  cfg.listen_port = "0";
+  cfg.tiers = "dram:1MiB";
+  cfg.workers = 1;
+  static const char *const loopback[] = {"127.0.0.1", "127.0.0.2"};
+  for (size_t i = 0; i < sizeof(loopback) / sizeof(loopback[0]); i++) {
+    cfg.listen_host = loopback[i];
+    if (create_destroy(&cfg) != 0)
+      fail_msg("%s: %s", loopback[i], kvt_ctx_last_error(ctx));
+  }
+  /* Any other address: refused before anything opens, naming the host. */
+  cfg.listen_host = "0.0.0.0";
+  assert_int_equal(create_destroy(&cfg), -EINVAL);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "listen host '0.0.0.0' is not loopback"));
+  cfg.listen_host = "localhost.example.com";
+  assert_int_equal(create_destroy(&cfg), -EINVAL);
+  /* A flag beyond a 0.3.0 caller's struct_size reads as 0. */
+  cfg.listen_host = "0.0.0.0";
+  cfg.flags = KVT_SERVER_INSECURE;
+  cfg.struct_size = offsetof(kvt_server_config, flags);
+  assert_int_equal(create_destroy(&cfg), -EINVAL);
+  cfg.struct_size = sizeof(cfg);
+  if (create_destroy(&cfg) != 0) /* told so explicitly */
+    fail_msg("insecure: %s", kvt_ctx_last_error(ctx));
+  cfg.flags = 2;
+  assert_int_equal(create_destroy(&cfg), -EINVAL);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "flags"));
+  /* With tenants (and their tokens), any address. */
+  const char *tenants[1] = {"alice:0123456789abcdef"};
+  cfg.flags = 0;
+  cfg.tenants = tenants;
+  cfg.n_tenants = 1;
+  if (create_destroy(&cfg) != 0)
+    fail_msg("0.0.0.0 with a tenant: %s", kvt_ctx_last_error(ctx));
 }
 
 static void test_a_server_stopped_before_it_runs_returns_at_once(void **state) {
@@ -493,10 +559,10 @@ static void send_raw(kvt_fab *f, uint64_t to, uint8_t *buf, size_t len, void *de
 static void test_malformed_and_unauthenticated_requests_leave_the_server_serving(void **state) {
   (void)state;
   srv_fixture f = {0};
-  srv_set_args(&f, "--tiers", "dram:8MiB", "--tenant", "alice:a", NULL);
+  srv_set_args(&f, "--tiers", "dram:8MiB", "--tenant", "alice:alice-token-0123456", NULL);
   srv_start_or_fail(&f);
   kvt_tier *t;
-  assert_int_equal(open_tier(&f, "alice", "a", 3000, &t), 0);
+  assert_int_equal(open_tier(&f, "alice", "alice-token-0123456", 3000, &t), 0);
   const kvt_key k = key_of(6, 0);
   uint8_t v[300], got[300];
   fill(v, sizeof(v), 6);
@@ -562,11 +628,12 @@ static void test_stop_drains_and_a_restart_has_the_nvme_values(void **state) {
   assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
   snprintf(tiers, sizeof(tiers), "dram:1MiB;nvme:%s:64MiB", dir);
   srv_fixture f = {0};
-  srv_set_args(&f, "--tiers", tiers, "--tenant", "alice:a", "--tenant", "bob:b", NULL);
+  srv_set_args(&f, "--tiers", tiers, "--tenant", "alice:alice-token-0123456", "--tenant",
+               "bob:bob-token-0123456789", NULL);
   srv_start_or_fail(&f);
   kvt_tier *t, *u;
-  assert_int_equal(open_tier(&f, "alice", "a", 3000, &t), 0);
-  assert_int_equal(open_tier(&f, "bob", "b", 3000, &u), 0);
+  assert_int_equal(open_tier(&f, "alice", "alice-token-0123456", 3000, &t), 0);
+  assert_int_equal(open_tier(&f, "bob", "bob-token-0123456789", 3000, &u), 0);
   enum { N = 20, SZ = 300 * 1024 }; /* more than the DRAM tier holds */
   uint8_t *v = malloc(SZ), *got = malloc(SZ);
   assert_true(v && got);
@@ -581,7 +648,7 @@ static void test_stop_drains_and_a_restart_has_the_nvme_values(void **state) {
   kvt_tier_close(u);
   srv_stop_cleanly(&f, 20);
   srv_start_or_fail(&f); /* same port, same directory */
-  assert_int_equal(open_tier(&f, "alice", "a", 3000, &t), 0);
+  assert_int_equal(open_tier(&f, "alice", "alice-token-0123456", 3000, &t), 0);
   for (uint32_t i = 0; i < N; i++) {
     const kvt_key k = key_of(4, i);
     uint64_t len = 0;
@@ -781,8 +848,10 @@ static void test_a_peer_cannot_guess_registration_keys(void **state) {
   raw_close(&victim);
 }
 
-static const char *two_tenants_16m[] = {"--tiers",  "dram:16MiB",   "--tenant", "alice:secret-a",
-                                        "--tenant", "bob:secret-b", NULL};
+static const char *two_tenants_16m[] = {"--tiers",  "dram:16MiB",
+                                        "--tenant", "alice:secret-a-0123456789",
+                                        "--tenant", "bob:secret-b-0123456789",
+                                        NULL};
 
 /* tcp;ofi_rxm does not check a region's access flags on a peer's RMA: the
  * server's own regions (registered for local use only) answered guessed
@@ -794,7 +863,7 @@ static void test_a_peer_cannot_read_the_servers_memory(void **state) {
   memcpy(f.args, two_tenants_16m, sizeof(two_tenants_16m));
   srv_start_or_fail(&f);
   char spec[256];
-  srv_spec(&f, spec, sizeof(spec), "alice", "secret-a", 2000, NULL);
+  srv_spec(&f, spec, sizeof(spec), "alice", "secret-a-0123456789", 2000, NULL);
   kvt_tier *t;
   assert_int_equal(kvt_tier_open(ctx, spec, &t), 0); /* its HELLO lies in the pool now */
   const size_t len = 4u << 20;
@@ -819,7 +888,7 @@ static void test_a_peer_cannot_read_the_servers_memory(void **state) {
       }
       kvt_fab_wait(thief.f, -1, 1);
     }
-    assert_null(memmem(loot, len, "secret-a", 8));
+    assert_null(memmem(loot, len, "secret-a-0123456789", 19));
     kvt_fab_mr_dereg(&mr);
     raw_close(&thief);
   }
@@ -848,7 +917,7 @@ static void test_hello_floods_do_not_end_another_clients_session(void **state) {
   memcpy(f.args, two_tenants_16m, sizeof(two_tenants_16m));
   srv_start_or_fail(&f);
   char spec[256];
-  srv_spec(&f, spec, sizeof(spec), "alice", "secret-a", 2000, NULL);
+  srv_spec(&f, spec, sizeof(spec), "alice", "secret-a-0123456789", 2000, NULL);
   kvt_tier *t;
   assert_int_equal(kvt_tier_open(ctx, spec, &t), 0);
   const kvt_key k = peer_key(1);
@@ -865,7 +934,7 @@ static void test_hello_floods_do_not_end_another_clients_session(void **state) {
   hello_of(&m, addr, alen, "", ""); /* stats-only: no token needed */
   for (int i = 0; i < 1100; i++)
     raw_send(&r, &m);
-  hello_of(&m, addr, alen, "bob", "secret-b"); /* another tenant's, with its token */
+  hello_of(&m, addr, alen, "bob", "secret-b-0123456789"); /* another tenant's, with its token */
   for (int i = 0; i < 1100; i++)
     raw_send(&r, &m);
   raw_close(&r);
@@ -930,7 +999,7 @@ static void test_forged_replies_are_not_believed(void **state) {
   memcpy(f.args, two_tenants_16m, sizeof(two_tenants_16m));
   srv_start_or_fail(&f);
   char spec[256];
-  srv_spec(&f, spec, sizeof(spec), "alice", "secret-a", 1500, NULL);
+  srv_spec(&f, spec, sizeof(spec), "alice", "secret-a-0123456789", 1500, NULL);
   kvt_tier *t;
   assert_int_equal(kvt_tier_open(ctx, spec, &t), 0);
   const kvt_key k = peer_key(9);
@@ -986,8 +1055,8 @@ static void test_forged_replies_are_not_believed(void **state) {
 static void test_a_stalled_session_does_not_take_every_request_slot(void **state) {
   (void)state;
   srv_fixture f = {0};
-  srv_set_args(&f, "--tiers", "dram:16MiB", "--tenant", "alice:secret-a", "--tenant",
-               "bob:secret-b", "--max-inflight", "64KiB", NULL);
+  srv_set_args(&f, "--tiers", "dram:16MiB", "--tenant", "alice:secret-a-0123456789", "--tenant",
+               "bob:secret-b-0123456789", "--max-inflight", "64KiB", NULL);
   srv_start_or_fail(&f);
   /* alice's requests go out from a, naming b, which then stops driving its
    * endpoint: the server's RMA reads from b never complete. */
@@ -1001,7 +1070,7 @@ static void test_a_stalled_session_does_not_take_every_request_slot(void **state
   assert_int_equal(
       kvt_fab_recv(b.f, b.buf + KVT_PROTO_MSG_MAX, KVT_PROTO_MSG_MAX, b.mr.desc, &rctx), 0);
   kvt_proto_msg m, rep;
-  hello_of(&m, addr, alen, "alice", "secret-a");
+  hello_of(&m, addr, alen, "alice", "secret-a-0123456789");
   raw_send(&a, &m);
   uint64_t session = 0;
   for (const int64_t end = ms_now() + 5000; !session && ms_now() < end;) {
@@ -1028,7 +1097,7 @@ static void test_a_stalled_session_does_not_take_every_request_slot(void **state
   }
   /* bob is still served. */
   char spec[256];
-  srv_spec(&f, spec, sizeof(spec), "bob", "secret-b", 3000, NULL);
+  srv_spec(&f, spec, sizeof(spec), "bob", "secret-b-0123456789", 3000, NULL);
   kvt_tier *t = NULL;
   const int64_t t0 = ms_now();
   int rc = kvt_tier_open(ctx, spec, &t);
@@ -1074,6 +1143,8 @@ int main(void) {
                                 srv_kill_leftovers),
       cmocka_unit_test_teardown(test_oversize_put_is_refused_with_etoobig, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_stats_fetch_gives_the_servers_counters, srv_kill_leftovers),
+      cmocka_unit_test(
+          test_the_tokenless_default_tenant_is_served_on_loopback_only_unless_insecure),
       cmocka_unit_test(test_create_refuses_bad_configs_with_a_detail),
       cmocka_unit_test(test_a_server_stopped_before_it_runs_returns_at_once),
       cmocka_unit_test_teardown(test_eight_clients_at_once_each_get_their_own_bytes,

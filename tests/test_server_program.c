@@ -113,11 +113,12 @@ static void test_sigterm_exits_0_and_a_restart_has_the_nvme_values(void **state)
   assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
   snprintf(tiers, sizeof(tiers), "dram:1MiB;nvme:%s:64MiB", dir);
   srv_fixture f = {.binary = 1};
-  srv_set_args(&f, "--tiers", tiers, "--tenant", "alice:a", "--tenant", "bob:b", NULL);
+  srv_set_args(&f, "--tiers", tiers, "--tenant", "alice:alice-token-0123456", "--tenant",
+               "bob:bob-token-0123456789", NULL);
   srv_start_or_fail(&f);
   kvt_tier *t, *u;
-  assert_int_equal(open_tier(&f, "alice", "a", 3000, &t), 0);
-  assert_int_equal(open_tier(&f, "bob", "b", 3000, &u), 0);
+  assert_int_equal(open_tier(&f, "alice", "alice-token-0123456", 3000, &t), 0);
+  assert_int_equal(open_tier(&f, "bob", "bob-token-0123456789", 3000, &u), 0);
   enum { N = 20, SZ = 300 * 1024 }; /* more than the DRAM tier holds */
   uint8_t *v = malloc(SZ), *got = malloc(SZ);
   assert_true(v && got);
@@ -132,7 +133,7 @@ static void test_sigterm_exits_0_and_a_restart_has_the_nvme_values(void **state)
   kvt_tier_close(u);
   srv_stop_cleanly(&f, 20);
   srv_start_or_fail(&f); /* same port, same directory */
-  assert_int_equal(open_tier(&f, "alice", "a", 3000, &t), 0);
+  assert_int_equal(open_tier(&f, "alice", "alice-token-0123456", 3000, &t), 0);
   for (uint32_t i = 0; i < N; i++) {
     const kvt_key k = key_of(4, i);
     uint64_t len = 0;
@@ -318,10 +319,11 @@ static void test_kill9_mid_run_never_returns_wrong_bytes_and_clients_recover(voi
 /* ---- options, exit codes, the ready line, signals ---- */
 
 /* Runs kvtier-server with args (a shell word list), stdout and stderr into
- * out; returns its exit status. */
+ * out; returns its exit status (137: killed after 20 s, a server that
+ * started serving where it should have refused). */
 static int run_cli(const char *args, char *out, size_t cap) {
   char cmd[1024];
-  snprintf(cmd, sizeof(cmd), "%s %s 2>&1", SRV_BIN, args);
+  snprintf(cmd, sizeof(cmd), "timeout -s KILL 20 %s %s 2>&1", SRV_BIN, args);
   FILE *p = popen(cmd, "r");
   if (!p)
     return -1;
@@ -341,7 +343,18 @@ static void test_bad_options_exit_2_with_a_message(void **state) {
       {"--listen nowhere", "kvtier-server: --listen 'nowhere': expected HOST:PORT\n"},
       {"--tenant alice", "kvtier-server: --tenant: 'alice': expected NAME:TOKEN\n"},
       {"--tenant 'a b:x'", "kvtier-server: --tenant: tenant 'a b': 1-64 of [A-Za-z0-9._-]\n"},
-      {"--tenant a:x --tenant a:y", "kvtier-server: --tenant: tenant 'a' given twice\n"},
+      {"--tenant a:x-0123456789abcdef --tenant a:y-0123456789abcdef",
+       "kvtier-server: --tenant: tenant 'a' given twice\n"},
+      /* what `--tenant prefill:$(cat FILE)` gives when FILE is missing */
+      {"--tenant prefill:",
+       "kvtier-server: --tenant: tenant 'prefill': empty token (a token is 16 to 128 bytes)\n"},
+      {"--tenant prefill:0123456789abcde",
+       "kvtier-server: --tenant: tenant 'prefill': token of 15 bytes (a token is 16 to 128 "
+       "bytes)\n"},
+      {"--listen 0.0.0.0:0 --tiers dram:1MiB",
+       "kvtier-server: --listen 0.0.0.0:0 is not loopback and no --tenant is given: the tenant "
+       "\"default\" has no token, so anyone who reaches it could read and write every value; "
+       "give --tenant NAME:TOKEN (or --insecure)\n"},
       {"--workers 0", "kvtier-server: --workers '0': 1 to 256\n"},
       {"--evict some", "kvtier-server: --evict 'some': lru or none\n"},
       {"--max-request 0", "kvtier-server: --max-request '0': expected a size, e.g. 64MiB\n"},
@@ -361,9 +374,65 @@ static void test_bad_options_exit_2_with_a_message(void **state) {
   /* A tier that does not open: exit 1, the tier named. */
   assert_int_equal(run_cli("--listen 127.0.0.1:0 --tiers bogus:1 --quiet", out, sizeof(out)), 1);
   assert_non_null(strstr(out, "kvtier-server: tier 'bogus:1': "));
-  /* No server there: --stats exits 1. */
+  /* No server there: --stats exits 1, saying so. */
   assert_int_equal(run_cli("--stats 127.0.0.1:1", out, sizeof(out)), 1);
-  assert_non_null(strstr(out, "kvtier-server --stats"));
+  assert_string_equal(out, "kvtier-server --stats 127.0.0.1:1: nothing is listening (connection "
+                           "refused)\n");
+}
+
+static void test_empty_token_lines_in_a_tenants_file_are_refused(void **state) {
+  (void)state;
+  char dir[256], path[300], args[400];
+  assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/tenants", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("# two tenants\nprefill:0123456789abcdef0123\ndecode:\n", f);
+  fclose(f);
+  snprintf(args, sizeof(args), "--listen 127.0.0.1:0 --tenants %s", path);
+  static char out[4096], want[600];
+  const int st = run_cli(args, out, sizeof(out));
+  unlink(path);
+  srv_rmdir(dir);
+  assert_int_equal(st, 2);
+  snprintf(want, sizeof(want),
+           "kvtier-server: %s:3: tenant 'decode': empty token (a token is 16 to 128 bytes)\n",
+           path);
+  assert_string_equal(out, want);
+}
+
+/* Without libfabric.so.1 (a file of that name that does not load, first in
+ * the search path), the server says so and exits 1 before a tier opens:
+ * libkvtier loads it on first use instead of linking it. */
+static void test_a_missing_libfabric_is_a_clear_start_up_error(void **state) {
+  (void)state;
+  char dir[256], path[300], cmd[1024];
+  assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/libfabric.so.1", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("not a shared object\n", f);
+  fclose(f);
+  snprintf(cmd, sizeof(cmd),
+           "LD_LIBRARY_PATH=%s timeout -s KILL 20 %s --listen 127.0.0.1:0 --tiers "
+           "nvme:%s/store:1MiB --quiet 2>&1",
+           dir, SRV_BIN, dir);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  static char out[4096];
+  const size_t n = fread(out, 1, sizeof(out) - 1, p);
+  out[n] = 0;
+  const int st = pclose(p);
+  char store[300];
+  snprintf(store, sizeof(store), "%s/store", dir);
+  const int store_made = access(store, F_OK) == 0;
+  unlink(path);
+  srv_rmdir(dir);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 1)
+    fail_msg("exit status %d, said '%s'", st, out);
+  if (!strstr(out, "kvtier-server: libfabric.so.1 not found: "))
+    fail_msg("said '%s'", out);
+  assert_false(store_made); /* refused before the nvme tier opened */
 }
 
 /* Reads the child's lines until one contains want or 15 s pass. */
@@ -374,11 +443,9 @@ static int read_until(FILE *in, const char *want, char *line, size_t cap) {
   return -1;
 }
 
-static void test_ready_line_and_sigint_exit_0(void **state) {
-  (void)state;
-  /* Not --quiet: the lines an operator sees, on stderr and stdout. */
-  char cmd[512];
-  snprintf(cmd, sizeof(cmd), "%s --listen 127.0.0.1:0 --tiers dram:8MiB 2>&1", SRV_BIN);
+/* Starts kvtier-server with listen and extra (NULL or one more option),
+ * stdout and stderr into *in. */
+static pid_t spawn_server(const char *listen, const char *extra, FILE **in) {
   int fds[2];
   assert_int_equal(pipe(fds), 0);
   const pid_t pid = fork();
@@ -388,12 +455,20 @@ static void test_ready_line_and_sigint_exit_0(void **state) {
     dup2(fds[1], 2);
     close(fds[0]);
     close(fds[1]);
-    execl(SRV_BIN, SRV_BIN, "--listen", "127.0.0.1:0", "--tiers", "dram:8MiB", (char *)NULL);
+    execl(SRV_BIN, SRV_BIN, "--listen", listen, "--tiers", "dram:8MiB", extra, (char *)NULL);
     _exit(127);
   }
   close(fds[1]);
-  FILE *in = fdopen(fds[0], "r");
-  assert_non_null(in);
+  *in = fdopen(fds[0], "r");
+  assert_non_null(*in);
+  return pid;
+}
+
+static void test_ready_line_and_sigint_exit_0(void **state) {
+  (void)state;
+  /* Not --quiet: the lines an operator sees, on stderr and stdout. */
+  FILE *in = NULL;
+  const pid_t pid = spawn_server("127.0.0.1:0", NULL, &in);
   char line[512];
   assert_int_equal(read_until(in, "no --tenant given", line, sizeof(line)), 0);
   assert_string_equal(line,
@@ -417,6 +492,26 @@ static void test_ready_line_and_sigint_exit_0(void **state) {
   assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* Without a tenant, any address but loopback takes --insecure (refused
+ * without it: test_bad_options_exit_2_with_a_message). */
+static void test_insecure_serves_the_tokenless_tenant_on_any_address(void **state) {
+  (void)state;
+  FILE *in = NULL;
+  const pid_t pid = spawn_server("0.0.0.0:0", "--insecure", &in);
+  char line[512];
+  assert_int_equal(read_until(in, "no --tenant given", line, sizeof(line)), 0);
+  assert_string_equal(line, "kvtier-server: no --tenant given: one tenant, \"default\", empty "
+                            "token (--insecure: anyone who reaches the server may use it)\n");
+  assert_int_equal(read_until(in, "ready on", line, sizeof(line)), 0);
+  assert_non_null(strstr(line, "kvtier-server: ready on 0.0.0.0:"));
+  kill(pid, SIGTERM);
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  fclose(in);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 static int setup(void **state) {
   (void)state;
   return kvt_ctx_create(NULL, &ctx);
@@ -434,7 +529,11 @@ int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_options_exit_2_with_a_message),
+      cmocka_unit_test(test_empty_token_lines_in_a_tenants_file_are_refused),
+      cmocka_unit_test(test_a_missing_libfabric_is_a_clear_start_up_error),
       cmocka_unit_test_teardown(test_ready_line_and_sigint_exit_0, srv_kill_leftovers),
+      cmocka_unit_test_teardown(test_insecure_serves_the_tokenless_tenant_on_any_address,
+                                srv_kill_leftovers),
       cmocka_unit_test_teardown(test_stats_request_and_prometheus_text, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_sigterm_exits_0_and_a_restart_has_the_nvme_values,
                                 srv_kill_leftovers),

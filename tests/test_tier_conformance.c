@@ -1,16 +1,20 @@
 /* tests/test_tier_conformance.c - the one suite every tier must pass, run
  * against each spec in tier_rows[]: round trips, misses, overwrite, too-small
  * buffers, capacity, 256 operations in one submit, 8 threads on the blocking
- * helpers, close with operations in flight, stats, list, malformed
- * operations, traits; then the spec parser's refusals and the traits of
- * NULL, of an application's backend table (of either size), of decorators
- * over nvme and of hbm.
+ * helpers, close with operations in flight, stats, list, values tampered
+ * with on the medium (planted under another key, bit flips: a miss, never
+ * wrong bytes), malformed operations, traits; then the spec parser's
+ * refusals, secrets in specs (shown as ***, in no detail or log), the
+ * traits of NULL, of an application's backend table (of either size), of
+ * decorators over nvme and of hbm.
  *
- * Adding a tier is adding a row. "{tmpdir}" in a row is replaced by a fresh
- * temporary directory per test, removed afterwards. A row whose scheme is not
- * built in (kvt_tier_open gives KVT_ENOTSUP) is skipped; if every row is,
- * the program exits 77. Each test opens its own tier on its own context,
- * whose allocator counts, so nothing may stay allocated after close.
+ * Adding a tier is adding a row (and, where its medium can be reached from
+ * outside the process, a tamper hook in tests/fixtures/tier_tamper.c).
+ * "{tmpdir}" in a row is replaced by a fresh temporary directory per test,
+ * removed afterwards. A row whose scheme is not built in (kvt_tier_open
+ * gives KVT_ENOTSUP) is skipped; if every row is, the program exits 77.
+ * Each test opens its own tier on its own context, whose allocator counts,
+ * so nothing may stay allocated after close.
  *
  * KVT_CONFORMANCE_SPECS="SPEC|SPEC..." replaces the rows: the remote tiers'
  * tests start their servers (redis-server, a Redis Cluster, kvtier-server)
@@ -31,6 +35,8 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "tier_internal.h"
+#include "tier_tamper.h"
 #include "tier_test_util.h"
 
 typedef struct tier_row {
@@ -139,6 +145,8 @@ static int row_teardown(void **state) {
   return leaked == 0 ? 0 : -1;
 }
 
+static void shown_spec(const char *spec, char *out, size_t cap);
+
 /* ---- values ---- */
 
 static kvt_key key_of(uint32_t space, uint32_t id) {
@@ -186,7 +194,9 @@ static void test_fresh_tier_reports_its_spec_and_misses_every_key(void **state) 
   const kvt_key k = key_of(3, 0);
   uint8_t buf[16];
   uint64_t len = 0;
-  assert_string_equal(kvt_tier_spec(f->tier), f->spec);
+  char shown[512];
+  shown_spec(f->spec, shown, sizeof(shown)); /* secrets as "***" */
+  assert_string_equal(kvt_tier_spec(f->tier), shown);
   assert_int_equal(kvt_tier_get(f->tier, &k, buf, sizeof(buf), &len), KVT_ENOTFOUND);
   assert_int_equal(kvt_tier_del(f->tier, &k), KVT_ENOTFOUND);
   assert_int_equal(kvt_tier_query(f->tier, &k, &len), KVT_ENOTFOUND);
@@ -572,6 +582,119 @@ static void test_list_returns_exactly_the_stored_keys(void **state) {
   assert_int_equal(stop.calls, 3);
 }
 
+/* ---- tampering with the medium ---- */
+
+/* A tier binds a value to its key and checks its bytes: what someone with
+ * access to the medium changed or put there (tier_tamper.h) is a miss, never
+ * a value with result 0. Rows whose medium this process cannot reach say why
+ * and skip. Sizes: one part, and several where the row splits values. */
+static const size_t tamper_sizes[] = {3000, 200 * 1024 + 5};
+
+static void tamper_or_skip(const fixture *f) {
+  const char *why = tamper_unsupported(f->spec);
+  if (why) {
+    printf("[  SKIP    ] %s: %s\n", f->spec, why);
+    skip();
+  }
+}
+
+static void test_a_value_planted_under_another_key_is_a_miss(void **state) {
+  fixture *f = *state;
+  tamper_or_skip(f);
+  for (uint32_t i = 0; i < sizeof(tamper_sizes) / sizeof(tamper_sizes[0]); i++) {
+    const size_t n = tamper_sizes[i];
+    const kvt_key a = key_of(15, 3 * i), b = key_of(15, 3 * i + 1), never = key_of(15, 3 * i + 2);
+    uint8_t *va = filled(n, 150 + i), *vb = filled(n, 160 + i), *got = malloc(n);
+    assert_non_null(got);
+    uint64_t len = 0;
+    assert_int_equal(kvt_tier_put(f->tier, &a, va, n), 0);
+    assert_int_equal(kvt_tier_put(f->tier, &b, vb, n), 0);
+    assert_int_equal(tamper_plant(f->spec, &a, &b), 0);     /* over a value of the same length */
+    assert_int_equal(tamper_plant(f->spec, &a, &never), 0); /* where there was none */
+    const int rb = kvt_tier_get(f->tier, &b, got, n, &len);
+    if (rb != KVT_ENOTFOUND)
+      fail_msg("%zu bytes: get of b holding a's value: %s%s", n, kvt_err_name(rb),
+               rb == 0 && memcmp(got, va, n) == 0 ? " with a's bytes" : "");
+    const int rn = kvt_tier_get(f->tier, &never, got, n, &len);
+    if (rn != KVT_ENOTFOUND)
+      fail_msg("%zu bytes: get of a key never put: %s", n, kvt_err_name(rn));
+    assert_int_equal(kvt_tier_query(f->tier, &never, &len), KVT_ENOTFOUND);
+    assert_int_equal(kvt_tier_get(f->tier, &a, got, n, &len), 0); /* the original stays */
+    assert_int_equal(len, n);
+    assert_memory_equal(got, va, n);
+    assert_int_equal(kvt_tier_put(f->tier, &b, vb, n), 0); /* and b can be put again */
+    assert_int_equal(kvt_tier_get(f->tier, &b, got, n, &len), 0);
+    assert_memory_equal(got, vb, n);
+    free(va);
+    free(vb);
+    free(got);
+  }
+}
+
+/* Offsets of the bit flips in each stored object: header bytes (those past
+ * the object's header fields are dropped), then the first, a middle and the
+ * last byte of the data. */
+static const uint64_t flip_at[] = {0, 4, 5, 8, 11, 15, 16, 20, 24, 28, 31, 32, 40, 47, 48, 55, 63};
+
+/* Puts val under k, flips one bit and gets it: whether that was a miss.
+ * Anything else is noted in `bad` ("object:byte=result"). */
+static int flip_one(fixture *f, const kvt_key *k, const uint8_t *val, size_t n, int seg,
+                    uint64_t off, uint8_t *got, char *bad, size_t cap) {
+  tamper_seg segs[64];
+  uint64_t len = 0;
+  assert_int_equal(kvt_tier_put(f->tier, k, val, n), 0);
+  assert_true(tamper_segments(f->spec, k, segs, 64) > seg);
+  assert_int_equal(tamper_flip(f->spec, k, seg, off, (int)(off % 8)), 0);
+  const int rc = kvt_tier_get(f->tier, k, got, n, &len);
+  if (rc == KVT_ENOTFOUND)
+    return 1;
+  const size_t used = strlen(bad);
+  snprintf(bad + used, cap - used, " %d:%llu=%s", seg, (unsigned long long)off,
+           rc != 0               ? kvt_err_name(rc)
+           : memcmp(got, val, n) ? "wrong bytes"
+                                 : "OK");
+  return 0;
+}
+
+static void test_a_bit_flipped_anywhere_in_a_stored_value_is_a_miss(void **state) {
+  fixture *f = *state;
+  tamper_or_skip(f);
+  int failed = 0;
+  for (uint32_t i = 0; i < sizeof(tamper_sizes) / sizeof(tamper_sizes[0]); i++) {
+    const size_t n = tamper_sizes[i];
+    const kvt_key k = key_of(16, i);
+    uint8_t *val = filled(n, 170 + i), *got = malloc(n);
+    tamper_seg segs[64];
+    char bad[2048] = "";
+    int flips = 0, missed = 0;
+    assert_non_null(got);
+    assert_int_equal(kvt_tier_put(f->tier, &k, val, n), 0);
+    const int nsegs = tamper_segments(f->spec, &k, segs, 64);
+    assert_true(nsegs >= 1);
+    for (int s = 0; s < nsegs; s++) {
+      for (size_t j = 0; j < sizeof(flip_at) / sizeof(flip_at[0]); j++)
+        if (flip_at[j] < segs[s].fields)
+          flips++, missed += flip_one(f, &k, val, n, s, flip_at[j], got, bad, sizeof(bad));
+      const uint64_t d = segs[s].data, dn = segs[s].data_len;
+      const uint64_t data_at[3] = {d, d + dn / 2, d + dn - 1};
+      for (int j = 0; j < 3 && dn; j++)
+        flips++, missed += flip_one(f, &k, val, n, s, data_at[j], got, bad, sizeof(bad));
+    }
+    if (missed != flips) {
+      print_error("%zu bytes in %d object(s): %d of %d flips not a miss (object:byte=result):%s\n",
+                  n, nsegs, flips - missed, flips, bad);
+      failed = 1;
+    }
+    uint64_t len = 0; /* put again, it is whole */
+    assert_int_equal(kvt_tier_put(f->tier, &k, val, n), 0);
+    assert_int_equal(kvt_tier_get(f->tier, &k, got, n, &len), 0);
+    assert_memory_equal(got, val, n);
+    free(val);
+    free(got);
+  }
+  assert_false(failed);
+}
+
 /* ---- malformed operations, spec ---- */
 
 static void test_malformed_ops_are_rejected_with_einval(void **state) {
@@ -651,6 +774,131 @@ static void test_sizes_parse_with_binary_and_decimal_units(void **state) {
     assert_int_equal(v, 42);
   }
   assert_int_equal(kvt_parse_size(NULL, NULL), -EINVAL);
+}
+
+/* ---- secrets ---- */
+
+/* The spec as kvt_tier_spec and messages show it (docs/TIERS.md), for the
+ * rows' syntaxes: token= and password= values and the password of a URL's
+ * userinfo as "***". */
+static void shown_spec(const char *spec, char *out, size_t cap) {
+  char tmp[512];
+  snprintf(tmp, sizeof(tmp), "%s", spec);
+  const char *slashes = strstr(tmp, "://"), *q = strchr(tmp, '?');
+  const char *at =
+      slashes ? memchr(slashes, '@', (size_t)((q ? q : tmp + strlen(tmp)) - slashes)) : NULL;
+  size_t n = 0;
+  if (at) { /* USER:PASSWORD@ -> USER:***@ */
+    const char *user = slashes + 3, *colon = memchr(user, ':', (size_t)(at - user));
+    n = (size_t)snprintf(out, cap, "%.*s***", (int)((colon ? colon + 1 : user) - tmp), tmp);
+  }
+  for (const char *p = at ? at : tmp; *p && n + 1 < cap;) {
+    const int secret = (p[0] == '?' || p[0] == '&') &&
+                       (strncmp(p + 1, "token=", 6) == 0 || strncmp(p + 1, "password=", 9) == 0);
+    if (!secret) {
+      out[n++] = *p++;
+      continue;
+    }
+    const size_t name = (size_t)(strchr(p, '=') + 1 - p);
+    n += (size_t)snprintf(out + n, cap - n, "%.*s***", (int)name, p);
+    p += name + strcspn(p + name, "&");
+  }
+  out[n < cap ? n : cap - 1] = '\0';
+}
+
+static void test_secrets_in_specs_are_shown_as_stars(void **state) {
+  (void)state;
+  static const struct {
+    const char *spec, *shown;
+  } cases[] = {
+      {"redis://:s3cret@127.0.0.1:6379?ns=a", "redis://:***@127.0.0.1:6379?ns=a"},
+      {"redis://alice:w0nder%25land@h:1/2?ns=x", "redis://alice:***@h:1/2?ns=x"},
+      {"redis://s3cret@h:1", "redis://***@h:1"},
+      {"redis+cluster://u:p@a:1,b:2?ttl=5", "redis+cluster://u:***@a:1,b:2?ttl=5"},
+      {"redis://:a@b/c@h:1/3", "redis://:***@h:1/3"},     /* '@' and '/' in the password */
+      {"redis://:a?b@h:1?ns=n", "redis://:***@h:1?ns=n"}, /* an unescaped '?' */
+      {"redis://h:1?password=pw&ns=n", "redis://h:1?password=***&ns=n"},
+      {"fabric://h:1?tenant=t&token=tok&depth=4", "fabric://h:1?tenant=t&token=***&depth=4"},
+      {"fabric://h:1?token=a@b", "fabric://h:1?token=***"},
+      {"trace@fault:op=get,nth=1,mode=fail@redis://:pw@h:1",
+       "trace@fault:op=get,nth=1,mode=fail@redis://:***@h:1"},
+      {"dram:1GiB;redis://:pw@h:1;fabric://h:2?token=t",
+       "dram:1GiB;redis://:***@h:1;fabric://h:2?token=***"},
+      {"//u:pw@h:1?ns=a", "//u:***@h:1?ns=a"}, /* a backend's ARGS */
+      {"nvme:/srv/a@b:1GiB", "nvme:/srv/a@b:1GiB"},
+      {"dram:64MiB", "dram:64MiB"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    char got[256];
+    const size_t n = kvt_spec_redact(got, sizeof(got), cases[i].spec);
+    if (strcmp(got, cases[i].shown) != 0 || n != strlen(cases[i].shown))
+      fail_msg("'%s' shown as '%s' (%zu), want '%s'", cases[i].spec, got, n, cases[i].shown);
+  }
+  char small[8];
+  assert_int_equal(kvt_spec_redact(small, sizeof(small), "redis://:pw@h:1"), 16);
+  assert_string_equal(small, "redis:/"); /* cut, terminated */
+  assert_int_equal(kvt_spec_redact(NULL, 0, "fabric://h:1?token=t"), 22);
+}
+
+typedef struct loglines {
+  char all[8192];
+} loglines;
+
+static void collect_log(void *opaque, int level, const char *msg) {
+  loglines *l = opaque;
+  (void)level;
+  const size_t n = strlen(l->all);
+  snprintf(l->all + n, sizeof(l->all) - n, "%s\n", msg);
+}
+
+/* A spec's password or token is in no error detail and no log line, and
+ * kvt_tier_spec of a tier that opened shows "***" (the rows: fabric's
+ * token=). No server is needed: these opens fail. */
+static void test_a_failed_open_shows_no_secret_in_its_detail_or_logs(void **state) {
+  (void)state;
+  static const char *const specs[] = {
+      "redis://:S3CRET-1@127.0.0.1:1",
+      "redis://u:S3CRET-1@127.0.0.1:1?bogus=1",
+      "redis://:S3CRET-1@127.0.0.1:1/x",
+      "redis://:S3CRET-1@127.0.0.1:99999",
+      "redis://:S3CRET-1@127.0.0.1:1,h:2",
+      "redis://:S3CRET-1@@",
+      "redis::S3CRET-1@127.0.0.1:1",
+      "redis+cluster://:S3CRET-1@127.0.0.1:1/3",
+      "fabric://127.0.0.1:1?token=S3CRET-1&timeout_ms=200",
+      "fabric:127.0.0.1:1?token=S3CRET-1",
+      "fabric://127.0.0.1:1?token=S3CRET-1&depth=0",
+      "fault:@redis://:S3CRET-1@127.0.0.1:1",
+      "trace@redis://:S3CRET-1@127.0.0.1:1?ttl=x",
+      "nosuch://:S3CRET-1@h:1",
+      "dram:1MiB;;redis://:S3CRET-1@127.0.0.1:1",
+  };
+  for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
+    static loglines logs;
+    logs.all[0] = '\0';
+    kvt_ctx_config cfg = KVT_CTX_CONFIG_INIT;
+    cfg.log = collect_log;
+    cfg.log_opaque = &logs;
+    cfg.log_level = KVT_LOG_DEBUG;
+    kvt_ctx *ctx = NULL;
+    assert_int_equal(kvt_ctx_create(&cfg, &ctx), 0);
+    int rc;
+    if (strchr(specs[i], ';')) { /* a list: the cache's messages */
+      kvt_cache_config cc = KVT_CACHE_CONFIG_INIT;
+      kvt_cache *c = NULL;
+      cc.tiers = specs[i];
+      rc = kvt_cache_open(ctx, &cc, &c);
+      kvt_cache_close(c);
+    } else {
+      kvt_tier *t = NULL;
+      rc = kvt_tier_open(ctx, specs[i], &t);
+      kvt_tier_close(t);
+    }
+    const char *detail = kvt_ctx_last_error(ctx);
+    if (rc == 0 || !detail[0] || strstr(detail, "S3CRET") || strstr(logs.all, "S3CRET"))
+      fail_msg("'%s': %s, detail '%s', log '%s'", specs[i], kvt_err_name(rc), detail, logs.all);
+    kvt_ctx_destroy(ctx);
+  }
 }
 
 /* ---- traits ---- */
@@ -820,6 +1068,8 @@ int main(void) {
         ROW_TEST(test_blocking_helpers_from_8_threads_keep_values_whole),
         ROW_TEST(test_stats_count_the_operations_done),
         ROW_TEST(test_list_returns_exactly_the_stored_keys),
+        ROW_TEST(test_a_value_planted_under_another_key_is_a_miss),
+        ROW_TEST(test_a_bit_flipped_anywhere_in_a_stored_value_is_a_miss),
         ROW_TEST(test_malformed_ops_are_rejected_with_einval),
         ROW_TEST(test_traits_are_those_its_backend_declares),
     };
@@ -828,6 +1078,8 @@ int main(void) {
   const struct CMUnitTest spec_tests[] = {
       cmocka_unit_test(test_bad_specs_fail_with_a_detail_naming_the_problem),
       cmocka_unit_test(test_sizes_parse_with_binary_and_decimal_units),
+      cmocka_unit_test(test_secrets_in_specs_are_shown_as_stars),
+      cmocka_unit_test(test_a_failed_open_shows_no_secret_in_its_detail_or_logs),
       cmocka_unit_test(test_traits_of_null_are_none),
       cmocka_unit_test(test_backend_traits_come_from_its_table_and_its_size),
       cmocka_unit_test(test_decorators_answer_for_the_tier_they_wrap),

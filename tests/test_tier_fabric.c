@@ -3,10 +3,12 @@
  * test_tier_conformance, rows given by KVT_CONFORMANCE_SPECS) against a
  * DRAM-only server and a DRAM+NVMe server, both with --evict none so a full
  * store refuses with -ENOSPC as the suite expects; then the spec parser's
- * refusals and an unreachable server failing the open in bounded time.
- * Skips (77) without kvtier-server or the provider. */
+ * refusals and an unreachable server failing the open in bounded time;
+ * libfabric loaded by the first endpoint only, leaving the program's signal
+ * handlers as they were. Skips (77) without kvtier-server or the provider. */
 #include <errno.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -31,7 +33,7 @@ static int start_servers(void **state) {
   dram_srv.args[2] = "--evict";
   dram_srv.args[3] = "none";
   dram_srv.args[4] = "--tenant";
-  dram_srv.args[5] = "conf:tok-1";
+  dram_srv.args[5] = "conf:conf-token-1-0123456";
   if (srv_start(&dram_srv) != 0)
     return -1;
   static char tiers[512];
@@ -43,7 +45,7 @@ static int start_servers(void **state) {
   nvme_srv.args[2] = "--evict";
   nvme_srv.args[3] = "none";
   nvme_srv.args[4] = "--tenant";
-  nvme_srv.args[5] = "conf:tok-2";
+  nvme_srv.args[5] = "conf:conf-token-2-0123456";
   return srv_start(&nvme_srv);
 }
 
@@ -58,8 +60,8 @@ static int stop_servers(void **state) {
 static void test_conformance_suite_passes_against_live_servers(void **state) {
   (void)state;
   char a[256], b[256], specs[600];
-  srv_spec(&dram_srv, a, sizeof(a), "conf", "tok-1", 10000, "purge=1");
-  srv_spec(&nvme_srv, b, sizeof(b), "conf", "tok-2", 10000, "purge=1");
+  srv_spec(&dram_srv, a, sizeof(a), "conf", "conf-token-1-0123456", 10000, "purge=1");
+  srv_spec(&nvme_srv, b, sizeof(b), "conf", "conf-token-2-0123456", 10000, "purge=1");
   snprintf(specs, sizeof(specs), "%s|%s", a, b);
   const pid_t pid = fork();
   assert_true(pid >= 0);
@@ -135,13 +137,59 @@ static void test_open_of_an_unreachable_server_fails_in_bounded_time(void **stat
   kvt_ctx_destroy(ctx);
 }
 
+/* Seen before the first endpoint opened (in main). */
+static int fabric_mapped_at_start = -1;
+
+/* Whether this process has a libfabric mapped (/proc/self/maps), -1 when
+ * that cannot be read. */
+static int fabric_mapped(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f)
+    return -1;
+  char line[4096];
+  int found = 0;
+  while (!found && fgets(line, sizeof(line), f))
+    found = strstr(line, "/libfabric.so") != NULL;
+  fclose(f);
+  return found;
+}
+
+static void on_term(int sig) { (void)sig; }
+
+static void test_libfabric_is_loaded_by_the_first_endpoint_and_keeps_signal_handlers(
+    void **state) {
+  (void)state;
+  if (fabric_mapped_at_start < 0)
+    skip(); /* no /proc */
+  /* A program that opens no fabric tier and no server never loads it (and
+   * the provider libraries it pulls in, whose start-up costs every run). */
+  assert_int_equal(fabric_mapped_at_start, 0);
+  assert_int_equal(fabric_mapped(), 1); /* the servers' endpoints loaded it */
+  /* Loading it ran start-up code that installs handlers (libinfinipath:
+   * SIGINT, SIGTERM, SIGSEGV, ...); main's stayed. */
+  struct sigaction sa;
+  assert_int_equal(sigaction(SIGTERM, NULL, &sa), 0);
+  assert_ptr_equal(sa.sa_handler, on_term);
+  assert_int_equal(sigaction(SIGINT, NULL, &sa), 0);
+  assert_ptr_equal(sa.sa_handler, on_term);
+}
+
 int main(void) {
+  fabric_mapped_at_start = fabric_mapped();
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_term;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
   if (!srv_can_run())
     return 77;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_conformance_suite_passes_against_live_servers),
       cmocka_unit_test(test_bad_fabric_specs_fail_with_a_detail),
       cmocka_unit_test(test_open_of_an_unreachable_server_fails_in_bounded_time),
+      cmocka_unit_test(
+          test_libfabric_is_loaded_by_the_first_endpoint_and_keeps_signal_handlers),
   };
   return cmocka_run_group_tests_name("fabric tier", tests, start_servers, stop_servers);
 }

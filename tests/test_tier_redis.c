@@ -2,8 +2,10 @@
  * this program starts on 127.0.0.1 (tests/fixtures/redis_fixture.h): the
  * whole tier conformance suite (test_tier_conformance run with
  * KVT_CONFORMANCE_SPECS), then what is particular to Redis: binary-safe
- * values, values split into parts, namespaces, TTL, AUTH (password and ACL
- * user), a full server, torn parts, a server killed and restarted under load
+ * values, values split into parts, values failing a check (logged, left in
+ * place), kvtier 0.3.0's values, namespaces, TTL, AUTH (password and ACL
+ * user; the password shown as *** by the tier and `kvtier store`), a full
+ * server, torn parts, a server killed and restarted under load
  * from several threads, and many clients at once; bad escapes in the
  * credentials of a spec; that `kvtier bench redis` runs, and that the
  * fixture forgets the servers it stopped. Failures of the connection and the
@@ -287,6 +289,110 @@ static int count_cb(void *opaque, const kvt_key *key, uint64_t len) {
   return 0;
 }
 
+/* The last line logged, copied out. */
+static void last_log(char *out, size_t cap) {
+  pthread_mutex_lock(&logs.mu);
+  snprintf(out, cap, "%s", logs.last);
+  pthread_mutex_unlock(&logs.mu);
+}
+
+/* The conformance suite has the tampering cases every tier must pass; here,
+ * what the redis tier says about them: a warning naming the Redis key and
+ * the reason, and the value left where it is (a read never deletes). */
+static void test_a_value_failing_a_check_is_logged_with_its_key_and_left_in_place(void **state) {
+  (void)state;
+  kvt_ctx *ctx = ctx_new();
+  kvt_tier *t = tier_open(ctx, "redis://127.0.0.1:%d?ns=check&part=4KiB", srv.port);
+  enum { N = 10000 };
+  static uint8_t val[N], got[N];
+  fill(val, N, 11);
+  const kvt_key k = key_of(7, 1), other = key_of(7, 2);
+  char main_key[128], part[128], other_key[128], line[512];
+  uint64_t len = 0;
+  redis_key(main_key, sizeof(main_key), "check", &k, 0);
+  assert_int_equal(kvt_tier_put(t, &k, val, N), 0);
+  part_key(part, sizeof(part), "check", &k, 2);
+  redisReply *r = rfx_cmd(srv.port, "GETRANGE %s 100 100", part);
+  assert_true(r && r->type == REDIS_REPLY_STRING && r->len == 1);
+  const char flipped = (char)(r->str[0] ^ 0x10);
+  freeReplyObject(r);
+  assert_true(rfx_cmd_ok(srv.port, "SETRANGE %s 100 %b", part, &flipped, (size_t)1));
+  assert_int_equal(kvt_tier_get(t, &k, got, N, &len), KVT_ENOTFOUND);
+  last_log(line, sizeof(line));
+  if (!strstr(line, part) || !strstr(line, "data checksum mismatch"))
+    fail_msg("the warning does not name %s and the reason: '%s'", part, line);
+  assert_int_equal(count_keys(srv.port, main_key), 1); /* still there */
+  assert_int_equal(count_keys(srv.port, part), 1);
+  /* Another key's value under this one's name: its header says so. */
+  assert_int_equal(kvt_tier_put(t, &other, val, 100), 0);
+  redis_key(other_key, sizeof(other_key), "check", &other, 0);
+  assert_true(rfx_cmd_ok(srv.port, "COPY %s %s REPLACE", other_key, main_key));
+  assert_int_equal(kvt_tier_get(t, &k, got, N, &len), KVT_ENOTFOUND);
+  assert_int_equal(kvt_tier_query(t, &k, &len), KVT_ENOTFOUND);
+  last_log(line, sizeof(line));
+  if (!strstr(line, main_key) || !strstr(line, "another key's value"))
+    fail_msg("the warning does not name %s and the reason: '%s'", main_key, line);
+  assert_int_equal(kvt_tier_put(t, &k, val, N), 0); /* a PUT replaces it */
+  assert_int_equal(kvt_tier_get(t, &k, got, N, &len), 0);
+  assert_memory_equal(got, val, N);
+  kvt_tier_close(t);
+  kvt_ctx_destroy(ctx);
+}
+
+/* kvtier 0.3.0's values (format 1: a 32-byte header without the key or
+ * checksums, 16-byte part headers) are misses, not listed, and replaced
+ * with their parts by a PUT. */
+static void test_format_1_values_are_misses_and_a_put_removes_their_parts(void **state) {
+  (void)state;
+  kvt_ctx *ctx = ctx_new();
+  kvt_tier *t = tier_open(ctx, "redis://127.0.0.1:%d?ns=fmt1", srv.port);
+  const kvt_key k = key_of(8, 1);
+  enum { P = 4096, N = 2 * P + 100 };
+  static uint8_t val[N], got[N], v1[32 + P], ph[16 + P];
+  fill(val, N, 12);
+  const uint64_t gen = 0x0123456789abcdefull;
+  char main_key[128], part[160], line[512];
+  redis_key(main_key, sizeof(main_key), "fmt1", &k, 0);
+  memset(v1, 0, 32);
+  memcpy(v1, "KVTR\1", 5);
+  for (int i = 0; i < 8; i++) { /* little-endian: generation, length */
+    v1[8 + i] = (uint8_t)(gen >> (8 * i));
+    v1[16 + i] = (uint8_t)((uint64_t)N >> (8 * i));
+  }
+  v1[24] = 3;        /* parts */
+  v1[29] = P >> 8;   /* part size */
+  memcpy(v1 + 32, val, P);
+  assert_true(rfx_cmd_ok(srv.port, "SET %s %b", main_key, v1, sizeof(v1)));
+  for (uint32_t i = 1; i < 3; i++) {
+    const size_t n = i == 1 ? P : N - 2 * P;
+    memcpy(ph, "KVTP", 4);
+    for (int b = 0; b < 4; b++)
+      ph[4 + b] = (uint8_t)(i >> (8 * b));
+    for (int b = 0; b < 8; b++)
+      ph[8 + b] = (uint8_t)(gen >> (8 * b));
+    memcpy(ph + 16, val + i * P, n);
+    snprintf(part, sizeof(part), "%s:%016llx:p%u", main_key, (unsigned long long)gen, i);
+    assert_true(rfx_cmd_ok(srv.port, "SET %s %b", part, ph, 16 + n));
+  }
+  uint64_t len = 0;
+  assert_int_equal(kvt_tier_get(t, &k, got, N, &len), KVT_ENOTFOUND);
+  last_log(line, sizeof(line));
+  if (!strstr(line, main_key) || !strstr(line, "format 1"))
+    fail_msg("the warning does not name %s and format 1: '%s'", main_key, line);
+  assert_int_equal(kvt_tier_query(t, &k, &len), KVT_ENOTFOUND);
+  lister l = {0};
+  assert_int_equal(kvt_tier_list(t, count_cb, &l), 0);
+  assert_int_equal(l.n, 0);
+  assert_int_equal(count_keys(srv.port, "kvt:fmt1:*"), 3);
+  assert_int_equal(kvt_tier_put(t, &k, val, 100), 0);
+  assert_int_equal(count_keys(srv.port, "kvt:fmt1:*"), 1); /* its parts went with it */
+  assert_int_equal(kvt_tier_get(t, &k, got, N, &len), 0);
+  assert_int_equal(len, 100);
+  assert_int_equal(kvt_tier_del(t, &k), 0);
+  kvt_tier_close(t);
+  kvt_ctx_destroy(ctx);
+}
+
 static void test_namespaces_never_see_each_others_keys(void **state) {
   (void)state;
   kvt_ctx *ctx = ctx_new();
@@ -386,6 +492,55 @@ static void test_auth_with_password_and_acl_user_and_wrong_password_is_eauth(voi
   assert_non_null(strstr(kvt_ctx_last_error(ctx), "NOAUTH"));
   kvt_ctx_destroy(ctx);
   rfx_stop(&s);
+}
+
+/* A password is shown as *** by kvt_tier_spec, and neither a refused AUTH
+ * nor `kvtier store` (output, errors) shows it. */
+static void test_the_password_is_shown_as_stars_and_never_in_details_or_cli_output(void **state) {
+  (void)state;
+  rfx_server *s = &aux;
+  memset(s, 0, sizeof(*s));
+  s->args[s->nargs++] = "--requirepass";
+  s->args[s->nargs++] = "Pw-s3cret";
+  s->pass = "Pw-s3cret";
+  assert_int_equal(rfx_start(s), 0);
+  kvt_ctx *ctx = ctx_new();
+  kvt_tier *t = tier_open(ctx, "redis://:Pw-s3cret@127.0.0.1:%d?ns=sec", s->port);
+  char want[128], spec[256], cmd[1024];
+  snprintf(want, sizeof(want), "redis://:***@127.0.0.1:%d?ns=sec", s->port);
+  assert_string_equal(kvt_tier_spec(t), want);
+  kvt_tier_close(t);
+  snprintf(spec, sizeof(spec), "redis://default:Pw-wr0ng@127.0.0.1:%d?ns=sec", s->port);
+  t = NULL;
+  assert_int_equal(kvt_tier_open(ctx, spec, &t), KVT_EAUTH);
+  if (strstr(kvt_ctx_last_error(ctx), "Pw-wr0ng"))
+    fail_msg("the detail shows the password: %s", kvt_ctx_last_error(ctx));
+  kvt_ctx_destroy(ctx);
+  const char *cli = KVT_BINARY_DIR "/programs/kvtier";
+  if (access(cli, X_OK) != 0) {
+    rfx_stop(s);
+    skip(); /* programs not built (the TSan build) */
+  }
+  static const struct {
+    const char *pw, *opt, *sub;
+  } runs[] = {{"Pw-s3cret", "", "stats"},
+              {"Pw-s3cret", "", "ls --json"},
+              {"Pw-s3cret", "", "rm --key 00112233445566778899aabbccddeeff"},
+              {"Pw-wr0ng", "", "ls"},
+              {"Pw-s3cret", "&bogus=1", "ls"}};
+  for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+    snprintf(cmd, sizeof(cmd), "%s store --tiers 'redis://:%s@127.0.0.1:%d?ns=sec%s' %s 2>&1", cli,
+             runs[i].pw, s->port, runs[i].opt, runs[i].sub);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char out[8192];
+    const size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    const int status = pclose(p);
+    if (strstr(out, "Pw-") || (i < 3 && !strstr(out, want)) || (i == 4 && !strstr(out, "***")))
+      fail_msg("%s: status %d:\n%s", cmd, status, out);
+  }
+  rfx_stop(s);
 }
 
 /* ---- a full server ---- */
@@ -811,9 +966,12 @@ int main(void) {
       cmocka_unit_test(test_value_above_part_size_splits_and_round_trips),
       cmocka_unit_test(test_tiny_part_size_still_caps_the_part_count),
       cmocka_unit_test(test_torn_or_mixed_parts_are_a_miss_never_wrong_bytes),
+      cmocka_unit_test(test_a_value_failing_a_check_is_logged_with_its_key_and_left_in_place),
+      cmocka_unit_test(test_format_1_values_are_misses_and_a_put_removes_their_parts),
       cmocka_unit_test(test_namespaces_never_see_each_others_keys),
       cmocka_unit_test(test_ttl_expires_values_into_misses),
       cmocka_unit_test(test_auth_with_password_and_acl_user_and_wrong_password_is_eauth),
+      cmocka_unit_test(test_the_password_is_shown_as_stars_and_never_in_details_or_cli_output),
       cmocka_unit_test(test_full_server_gives_enospc_and_recovers_after_deletes),
       cmocka_unit_test(test_del_frees_room_on_a_server_over_maxmemory),
       cmocka_unit_test(test_server_killed_mid_run_never_returns_wrong_bytes_and_recovers),

@@ -47,6 +47,74 @@ static const kvt_tier_backend *const registry[] = {
 
 kvt_ctx *kvt_tier_ctx(kvt_tier *t) { return t->ctx; }
 
+/* ---- secrets in specs ---- */
+
+/* The length of a secret option's "NAME=" at s (after '?' or '&'), or 0. */
+static size_t secret_option(const char *s) {
+  static const char *const names[] = {"password=", "token="};
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+    if (strncmp(s, names[i], strlen(names[i])) == 0)
+      return strlen(names[i]);
+  return 0;
+}
+
+/* Where the userinfo of the authority at s[u] ends: the index of its '@',
+ * or 0. As the redis tier reads it: the last '@' before the options. A
+ * password with an unescaped '?' makes the spec malformed; its '@' then
+ * comes after the '?', and is taken too (unless inside a secret option). */
+static size_t userinfo_end(const char *s, size_t u) {
+  const size_t q = u + strcspn(s + u, "?#");
+  size_t at = 0;
+  for (size_t j = u; j < q; j++)
+    if (s[j] == '@')
+      at = j;
+  for (size_t j = q; !at && s[j]; j++) {
+    const size_t k = (s[j] == '?' || s[j] == '&') ? secret_option(s + j + 1) : 0;
+    if (k)
+      j += k + strcspn(s + j + 1 + k, "&");
+    else if (s[j] == '@')
+      at = j;
+  }
+  for (size_t j = at + 1; at && s[j]; j++) /* the last '@' of the malformed tail */
+    if (s[j] == '@')
+      at = j;
+  return at;
+}
+
+static void put(char *dst, size_t cap, size_t *o, const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++, ++*o)
+    if (*o + 1 < cap)
+      dst[*o] = s[i];
+}
+
+size_t kvt_spec_redact(char *dst, size_t cap, const char *spec) {
+  size_t o = 0, i = 0, k;
+  while (spec[i]) {
+    if (spec[i] == '/' && spec[i + 1] == '/' && (i == 0 || spec[i - 1] == ':')) {
+      const size_t u = i + 2, at = userinfo_end(spec, u);
+      put(dst, cap, &o, "//", 2);
+      i = u;
+      if (at) { /* USER:PASSWORD@ keeps USER:, PASSWORD@ keeps nothing */
+        const char *colon = memchr(spec + u, ':', at - u);
+        if (colon)
+          put(dst, cap, &o, spec + u, (size_t)(colon - spec) + 1 - u);
+        put(dst, cap, &o, "***", 3);
+        i = at;
+      }
+    } else if ((spec[i] == '?' || spec[i] == '&') && (k = secret_option(spec + i + 1)) != 0) {
+      put(dst, cap, &o, spec + i, 1 + k);
+      put(dst, cap, &o, "***", 3);
+      i += 1 + k;
+      i += strcspn(spec + i, "&");
+    } else {
+      put(dst, cap, &o, spec + i++, 1);
+    }
+  }
+  if (cap)
+    dst[o < cap ? o : cap - 1] = '\0';
+  return o;
+}
+
 const char *kvt_tier_spec(const kvt_tier *t) { return t ? t->spec : ""; }
 
 void kvt_tier_op_init(kvt_tier_op *op, int opcode, const kvt_key *key, void *buf, uint64_t len,
@@ -112,14 +180,15 @@ static int tier_create(kvt_ctx *ctx, const kvt_tier_backend *be, const char *spe
     return kvt_fail(ctx, -EINVAL, "tier backend '%s': ABI %u, size %u, or a required member missing",
                     be->scheme ? be->scheme : "?", be->abi_version, be->struct_size);
   kvt_tier *t = kvt_alloc(ctx, sizeof(*t), 64);
-  char *copy = kvt_alloc(ctx, strlen(spec) + 1, 1);
+  const size_t shown = kvt_spec_redact(NULL, 0, spec) + 1; /* what kvt_tier_spec shows */
+  char *copy = kvt_alloc(ctx, shown, 1);
   if (!t || !copy) {
     kvt_dealloc(ctx, t);
     kvt_dealloc(ctx, copy);
     return kvt_fail(ctx, -ENOMEM, "allocating a tier handle");
   }
   memset(t, 0, sizeof(*t));
-  memcpy(copy, spec, strlen(spec) + 1);
+  kvt_spec_redact(copy, shown, spec);
   t->ctx = ctx;
   t->be = be;
   t->spec = copy;
@@ -153,8 +222,10 @@ int kvt_tier_open(kvt_ctx *ctx, const char *spec, kvt_tier **out) {
     return -EINVAL;
   kvt_clear_error(ctx);
   size_t n = strcspn(spec, ":@");
+  char shown[512];
+  kvt_spec_redact(shown, sizeof(shown), spec);
   if (n == 0 || !spec[n])
-    return kvt_fail(ctx, KVT_ESPEC, "tier spec '%s': expected SCHEME:ARGS or SCHEME@SPEC", spec);
+    return kvt_fail(ctx, KVT_ESPEC, "tier spec '%s': expected SCHEME:ARGS or SCHEME@SPEC", shown);
   for (size_t i = 0; i < sizeof(registry) / sizeof(registry[0]); i++)
     if (strlen(registry[i]->scheme) == n && strncmp(registry[i]->scheme, spec, n) == 0)
       return tier_create(ctx, registry[i], spec, spec + n + 1, out);
@@ -163,7 +234,7 @@ int kvt_tier_open(kvt_ctx *ctx, const char *spec, kvt_tier **out) {
     snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", i ? ", " : "",
              registry[i]->scheme);
   return kvt_fail(ctx, KVT_ENOTSUP, "tier spec '%s': scheme '%.*s' is not built in (built in: %s)",
-                  spec, (int)n, spec, names);
+                  shown, (int)n, spec, names);
 }
 
 int kvt_tier_open_backend(kvt_ctx *ctx, const kvt_tier_backend *be, const char *args,

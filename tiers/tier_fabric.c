@@ -4,8 +4,9 @@
  * Spec: fabric://HOST:PORT[?OPTION&OPTION...], options
  *   tenant=NAME       the tenant namespace (default "default")
  *   token=TOKEN       its shared secret (default: $KVTIER_FABRIC_TOKEN, else
- *                     empty); note that the spec, token included, is what
- *                     kvt_tier_spec() returns, so prefer the environment
+ *                     empty); shown as token=*** by kvt_tier_spec() and in
+ *                     messages, but kept in the caller's spec string and
+ *                     in whatever else holds it, so prefer the environment
  *   timeout_ms=N      bound on every wait for the server (default 5000)
  *   provider=NAME     libfabric provider (default tcp;ofi_rxm; '+' may stand
  *                     for ';', e.g. verbs+ofi_rxm; auto: the first of efa,
@@ -260,7 +261,7 @@ static int conn_open(fab_tier *s, conn **out) {
   const size_t pool = (size_t)(s->depth + c->n_recv) * KVT_PROTO_MSG_MAX;
   c->pool = kvt_alloc(s->ctx, pool, 4096);
   c->rctx = kvt_alloc(s->ctx, c->n_recv * sizeof(*c->rctx), 64);
-  char err[256];
+  char err[600] = ""; /* kvt_fab_open's detail, when no endpoint opened */
   kvt_fab_config fc = {.provider = s->provider, .peer_node = s->host, .peer_service = s->port};
   int rc = !c->pool || !c->rctx ? -ENOMEM : kvt_fab_open(&fc, &c->fab, err, sizeof(err));
   if (rc == 0)
@@ -277,8 +278,8 @@ static int conn_open(fab_tier *s, conn **out) {
     if (!s->started)
       kvt_fail(s->ctx, rc, "fabric tier: %s:%s (tenant '%s', provider %s): %s%s%s", s->host,
                s->port, s->tenant, s->provider, kvt_strerror(rc),
-               c->fab && kvt_fab_error(c->fab)[0] ? ": " : "",
-               c->fab ? kvt_fab_error(c->fab) : "");
+               (c->fab ? kvt_fab_error(c->fab) : err)[0] ? ": " : "",
+               c->fab ? kvt_fab_error(c->fab) : err);
     conn_free(s, c);
     return rc;
   }
@@ -837,9 +838,12 @@ static int parse_opt(kvt_ctx *ctx, fab_tier *s, char *opt, int *purge) {
 }
 
 static int parse_spec(kvt_ctx *ctx, const char *args, fab_tier *s, int *purge) {
-  if (!args || strncmp(args, "//", 2) != 0)
+  if (!args || strncmp(args, "//", 2) != 0) {
+    char shown[256];
+    kvt_spec_redact(shown, sizeof(shown), args ? args : "");
     return kvt_fail(ctx, KVT_ESPEC, "fabric tier: '%s': expected fabric://HOST:PORT[?options]",
-                    args ? args : "");
+                    shown);
+  }
   const char *a = args + 2, *q = strchr(a, '?');
   const size_t hn = q ? (size_t)(q - a) : strlen(a);
   if (parse_host_port(s, a, hn))

@@ -211,12 +211,14 @@ static int parse_rules(kvt_ctx *ctx, const char *rules, size_t len, fault_state 
 
 static int fault_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
   const char *at = strchr(args, '@');
+  char shown[512]; /* the inner spec's secrets as "***" */
+  kvt_spec_redact(shown, sizeof(shown), args);
   if (!at)
-    return kvt_fail(ctx, KVT_ESPEC, "fault tier '%s': expected RULES@INNERSPEC (no '@')", args);
+    return kvt_fail(ctx, KVT_ESPEC, "fault tier '%s': expected RULES@INNERSPEC (no '@')", shown);
   if (at == args)
-    return kvt_fail(ctx, KVT_ESPEC, "fault tier '%s': no rules before '@'", args);
+    return kvt_fail(ctx, KVT_ESPEC, "fault tier '%s': no rules before '@'", shown);
   if (!at[1])
-    return kvt_fail(ctx, KVT_ESPEC, "fault tier '%s': no inner tier spec after '@'", args);
+    return kvt_fail(ctx, KVT_ESPEC, "fault tier '%s': no inner tier spec after '@'", shown);
   size_t n_rules = 1;
   for (const char *p = args; p < at; p++)
     n_rules += *p == ';';

@@ -30,6 +30,14 @@ int kvt_tier_scheme_known(const char *name, size_t len);
  * bytes, else "is not a size above zero". */
 const char *kvt_size_why(const char *text);
 
+/* spec with its secrets replaced by "***", for messages and display: the
+ * password of a URL's userinfo (USER:PASSWORD@ becomes USER:***@, and
+ * PASSWORD@ without USER becomes ***@) and the values of password= and token= options (after '?'
+ * or '&'). Also takes a list of specs and a backend's ARGS ("//..."). Writes
+ * at most cap bytes, always terminated when cap > 0; returns the length of
+ * the whole result (as snprintf). */
+size_t kvt_spec_redact(char *dst, size_t cap, const char *spec);
+
 /* The context a tier was opened with (for decorators opening inner tiers,
  * and for error detail). */
 kvt_ctx *kvt_tier_ctx(kvt_tier *tier);

@@ -2,7 +2,8 @@
  * selection by fi_getinfo hints, fabric/domain/endpoint/CQ/AV setup, memory
  * registration under the provider's MR mode, posting, and completion polling
  * with a wait that also watches an eventfd (so a thread blocked on the CQ
- * wakes when another thread hands it work). */
+ * wakes when another thread hands it work). libfabric itself is loaded by
+ * the first open (fabric_lib.c). */
 #include <errno.h>
 #include <poll.h>
 #include <stdatomic.h>
@@ -12,13 +13,12 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
-#include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include "fabric_lib.h"
 #include "kvt_transport.h"
 #include "kvtier/error.h"
 
@@ -26,6 +26,7 @@
 #define STASH 256 /* completions read while a post waited for queue room */
 
 struct kvt_fab {
+  const kvt_fi_lib *fi; /* libfabric's functions, loaded by the first open */
   struct fi_info *info;
   struct fid_fabric *fabric;
   struct fid_domain *domain;
@@ -45,7 +46,7 @@ struct kvt_fab {
 static int fab_fail(kvt_fab *f, int rc, const char *what) {
   if (rc > 0)
     rc = -rc;
-  snprintf(f->err, sizeof(f->err), "%s: %s", what, fi_strerror(-rc));
+  snprintf(f->err, sizeof(f->err), "%s: %s", what, f->fi->errstr(-rc));
   return rc == -FI_ENODATA ? -ENODATA : rc;
 }
 
@@ -57,8 +58,8 @@ uint64_t kvt_fab_max_rma(const kvt_fab *f) {
   return m ? m : (1ull << 30);
 }
 
-static struct fi_info *fab_hints(const char *provider) {
-  struct fi_info *h = fi_allocinfo();
+static struct fi_info *fab_hints(const kvt_fi_lib *fi, const char *provider) {
+  struct fi_info *h = fi->dupinfo(NULL); /* fi_allocinfo() */
   if (!h)
     return NULL;
   h->ep_attr->type = FI_EP_RDM;
@@ -71,7 +72,7 @@ static struct fi_info *fab_hints(const char *provider) {
   h->domain_attr->data_progress = FI_PROGRESS_UNSPEC;
   h->fabric_attr->prov_name = strdup(provider);
   if (!h->fabric_attr->prov_name) {
-    fi_freeinfo(h);
+    fi->freeinfo(h);
     return NULL;
   }
   return h;
@@ -95,7 +96,7 @@ static int open_cq(kvt_fab *f, uint32_t depth) {
 }
 
 static int open_objects(kvt_fab *f, const kvt_fab_config *cfg) {
-  int rc = fi_fabric(f->info->fabric_attr, &f->fabric, NULL);
+  int rc = f->fi->fabric(f->info->fabric_attr, &f->fabric, NULL);
   if (rc)
     return fab_fail(f, rc, "fi_fabric");
   rc = fi_domain(f->fabric, f->info, &f->domain, NULL);
@@ -129,7 +130,14 @@ static int fab_open_one(const kvt_fab_config *cfg, kvt_fab **out, char *err, siz
  * connection must end up on the same provider, so use auto on both. */
 static const char *const auto_order[] = {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm"};
 
+int kvt_fab_load(char *err, size_t err_cap) {
+  return kvt_fi_lib_get(err, err_cap) ? 0 : KVT_EBACKEND;
+}
+
 int kvt_fab_open(const kvt_fab_config *cfg, kvt_fab **out, char *err, size_t err_cap) {
+  const int rc0 = kvt_fab_load(err, err_cap);
+  if (rc0)
+    return rc0;
   if (!cfg->provider || strcmp(cfg->provider, "auto") != 0)
     return fab_open_one(cfg, out, err, err_cap);
   int rc = -ENODATA;
@@ -148,18 +156,19 @@ static int fab_open_one(const kvt_fab_config *cfg, kvt_fab **out, char *err, siz
     snprintf(err, err_cap, "out of memory");
     return -ENOMEM;
   }
+  f->fi = kvt_fi_lib_get(NULL, 0); /* loaded by kvt_fab_open */
   f->wait_fd = -1;
   f->post_tries = cfg->no_post_wait ? 1 : 20000;
   atomic_init(&f->next_key, 1);
   const char *prov = cfg->provider && *cfg->provider ? cfg->provider : KVT_FAB_DEFAULT_PROVIDER;
-  struct fi_info *hints = fab_hints(prov);
+  struct fi_info *hints = fab_hints(f->fi, prov);
   int rc = -ENOMEM;
   if (hints) {
     if (cfg->node || cfg->service)
-      rc = fi_getinfo(FAB_API, cfg->node, cfg->service, FI_SOURCE, hints, &f->info);
+      rc = f->fi->getinfo(FAB_API, cfg->node, cfg->service, FI_SOURCE, hints, &f->info);
     else
-      rc = fi_getinfo(FAB_API, cfg->peer_node, cfg->peer_service, 0, hints, &f->info);
-    fi_freeinfo(hints);
+      rc = f->fi->getinfo(FAB_API, cfg->peer_node, cfg->peer_service, 0, hints, &f->info);
+    f->fi->freeinfo(hints);
     if (rc)
       rc = fab_fail(f, rc, "fi_getinfo");
   }
@@ -194,7 +203,7 @@ void kvt_fab_close(kvt_fab *f) {
   if (f->fabric)
     fi_close(&f->fabric->fid);
   if (f->info)
-    fi_freeinfo(f->info);
+    f->fi->freeinfo(f->info);
   free(f);
 }
 
@@ -323,7 +332,7 @@ static int cq_read(kvt_fab *f, kvt_fab_comp *out, int max) {
     out[0].ctx = ee.op_context;
     out[0].err = ee.err ? -ee.err : -EIO;
     out[0].len = 0;
-    snprintf(f->err, sizeof(f->err), "completion error: %s (%s)", fi_strerror(ee.err),
+    snprintf(f->err, sizeof(f->err), "completion error: %s (%s)", f->fi->errstr(ee.err),
              fi_cq_strerror(f->cq, ee.prov_errno, ee.err_data, NULL, 0));
     return 1;
   }

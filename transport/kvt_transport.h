@@ -56,9 +56,17 @@ typedef struct kvt_fab_config {
   int no_post_wait;
 } kvt_fab_config;
 
-/* Opens fabric, domain, endpoint, CQ and AV. Returns 0, -ENODATA when no
- * provider matches the hints (tests skip then), or another -errno, with
- * detail in err (always NUL-terminated). */
+/* Loads libfabric.so.1 (once per process, thread-safe; libkvtier does not
+ * link it: transport/fabric_lib.c). Returns 0, or KVT_EBACKEND with the
+ * reason in err ("libfabric.so.1 not found: ..."): built with libfabric,
+ * run without it. kvt_fab_open calls it; the server calls it before it
+ * opens its tiers. */
+int kvt_fab_load(char *err, size_t err_cap);
+
+/* Opens fabric, domain, endpoint, CQ and AV. Returns 0, KVT_EBACKEND when
+ * libfabric cannot be loaded (kvt_fab_load), -ENODATA when no provider
+ * matches the hints (tests skip then), or another -errno, with detail in
+ * err (always NUL-terminated). */
 int kvt_fab_open(const kvt_fab_config *cfg, kvt_fab **out, char *err, size_t err_cap);
 void kvt_fab_close(kvt_fab *f);
 

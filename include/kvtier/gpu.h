@@ -75,7 +75,9 @@ typedef struct kvt_gpu_layout_desc {
  * (layer_tensors[l]) unless said otherwise. They write every field of *d
  * (layer_begin 0) and keep the pointer arrays by reference: the arrays must
  * live until kvt_gpu_layout_create() returns. */
-/* vLLM flash-attn: [2, num_blocks, block_size, heads, head_dim] per layer. */
+/* Legacy vLLM flash-attn: [2, num_blocks, block_size, heads, head_dim] per
+ * layer, K then V (vLLM before the KVCacheLayout of RFC #42082; current vLLM:
+ * kvt_gpu_layout_desc_vllm_v1 below). */
 KVT_API void kvt_gpu_layout_desc_vllm(kvt_gpu_layout_desc *d, int dtype, uint32_t layers,
                                       void *const *layer_tensors, uint32_t num_blocks,
                                       uint32_t block_size, uint32_t heads, uint32_t head_dim);
@@ -95,6 +97,41 @@ KVT_API void kvt_gpu_layout_desc_separate(kvt_gpu_layout_desc *d, int dtype, uin
                                           void *const *k_buffers, void *const *v_buffers,
                                           uint32_t num_slots, uint32_t heads,
                                           uint32_t head_dim);
+
+/* Current vLLM's KV cache layouts (vLLM 0.33, vllm/v1/kv_cache_layout.py,
+ * RFC #42082): the physical order of the logical axes [L, B, H, N, C] =
+ * [layers, blocks, heads, tokens of a block, K and V of a head side by side],
+ * one enumerator per KVCacheLayout member, in its order. vLLM's default is
+ * LBNHC ("NHD"); LBHNC is "HND". */
+enum kvt_vllm_layout {
+  KVT_VLLM_LBHNC = 0,
+  KVT_VLLM_LBNHC = 1,
+  KVT_VLLM_LHBNC = 2,
+  KVT_VLLM_BLHNC = 3,
+  KVT_VLLM_BLNHC = 4,
+  KVT_VLLM_BHLNC = 5,
+  KVT_VLLM_NHD = KVT_VLLM_LBNHC,
+  KVT_VLLM_HND = KVT_VLLM_LBHNC
+};
+
+/* Current vLLM (0.33): each attention layer's cache is a view of logical
+ * shape [num_blocks, heads, block_size, 2*head_dim] whose last axis holds K
+ * in [0, head_dim) and V in [head_dim, 2*head_dim) (flash-attn's
+ * kv_cache.transpose(1, 2).split(head_size, -1)); `layout` (enum
+ * kvt_vllm_layout) orders the axes in memory. layer_tensors[l] is layer l's
+ * view's data_ptr(). The strides are vLLM's compute_layout_strides for a
+ * backing tensor of exactly `layers` layers with unpadded pages; where vLLM
+ * pads pages or packs other layers into the same blocks, set
+ * d->stride_block (and stride_head for LHBNC / BHLNC) to the view's strides
+ * afterwards, or derive every stride from the tensors (the Python handle,
+ * kvtier.gpu.PagedKV, does). An unknown layout leaves d->layers 0, which
+ * kvt_gpu_layout_create refuses (KVT_ESHAPE). Caches vLLM quantizes (fp8 and
+ * the other kv_cache_dtype modes) and MLA's single latent are not this
+ * layout and cannot be described. */
+KVT_API void kvt_gpu_layout_desc_vllm_v1(kvt_gpu_layout_desc *d, int dtype, uint32_t layers,
+                                         void *const *layer_tensors, uint32_t num_blocks,
+                                         uint32_t block_size, uint32_t heads,
+                                         uint32_t head_dim, int layout);
 
 typedef struct kvt_gpu_layout kvt_gpu_layout;
 

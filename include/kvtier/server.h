@@ -32,6 +32,7 @@ typedef struct kvt_server kvt_server;
 #define KVT_SERVER_MAX_TENANTS 256
 #define KVT_SERVER_TENANT_MAX 64 /* bytes of a tenant name */
 #define KVT_SERVER_TOKEN_MAX 128 /* bytes of a tenant's token */
+#define KVT_SERVER_TOKEN_MIN 16  /* bytes of a tenant's token, at least */
 
 enum kvt_server_evict {
   KVT_SERVER_EVICT_LRU = 0, /* when full, drop the least recently used values */
@@ -47,9 +48,12 @@ typedef struct kvt_server_config {
    * "dram:4GiB". */
   const char *tiers;
   /* n_tenants strings "NAME:TOKEN" (the first ':' ends the name; names of
-   * 1..KVT_SERVER_TENANT_MAX bytes of [A-Za-z0-9._-], distinct; tokens up
-   * to KVT_SERVER_TOKEN_MAX bytes). None: one tenant, "default", with an
-   * empty token. Copied by kvt_server_create. */
+   * 1..KVT_SERVER_TENANT_MAX bytes of [A-Za-z0-9._-], distinct; tokens of
+   * KVT_SERVER_TOKEN_MIN..KVT_SERVER_TOKEN_MAX bytes: an empty or short one
+   * is refused, never served). None: one tenant, "default", with an empty
+   * token, which anyone who reaches the endpoint can use: only on a
+   * loopback listen_host (127.0.0.0/8, ::1, "localhost") unless flags has
+   * KVT_SERVER_INSECURE. Copied by kvt_server_create. */
   const char *const *tenants;
   size_t n_tenants;
   uint64_t max_request;  /* largest value, bytes; 0: 256 MiB */
@@ -66,12 +70,21 @@ typedef struct kvt_server_config {
   kvt_log_fn log;
   void *log_opaque;
   int log_level;
+  /* Appended after 0.3.0 (a config whose struct_size ends before it reads
+   * as 0; 64 bits wide so that it lies past the 0.3.0 struct's tail
+   * padding). KVT_SERVER_* flags; others are refused (-EINVAL). */
+  uint64_t flags;
 } kvt_server_config;
+
+/* kvt_server_config.flags: without tenants, serve the tokenless "default"
+ * tenant on any listen_host, not only a loopback one (kvtier-server
+ * --insecure). */
+#define KVT_SERVER_INSECURE 1ull
 
 /* clang-format off */
 #define KVT_SERVER_CONFIG_INIT                                                                     \
   { sizeof(kvt_server_config), NULL, NULL, NULL, NULL, 0, 0, 0, KVT_SERVER_EVICT_LRU, NULL, 0,     \
-    NULL, NULL, KVT_LOG_WARN }
+    NULL, NULL, KVT_LOG_WARN, 0 }
 /* clang-format on */
 
 /* Creates a server: opens cfg's tiers with ctx, indexes what the last tier
@@ -85,10 +98,15 @@ typedef struct kvt_server_config {
  * during the call only (strings copied). *out is written only on success.
  *
  * Returns 0; -EINVAL (NULL argument, a struct_size too small, a bad
- * tenant, a tier list of more than two, workers out of range), KVT_ESPEC or
- * KVT_ENOTSUP (a tier spec), a tier's error, -ENOMEM, the provider's error
- * opening the endpoint (e.g. -EADDRINUSE), or KVT_ENOTSUP (built without
- * libfabric). Detail in kvt_ctx_last_error(ctx).
+ * tenant: its name, or a token empty, shorter than KVT_SERVER_TOKEN_MIN or
+ * longer than KVT_SERVER_TOKEN_MAX; no tenants on a listen_host that is not
+ * loopback without KVT_SERVER_INSECURE; unknown flags; a tier list of more
+ * than two, workers out of range), KVT_EBACKEND (libfabric.so.1 could not
+ * be loaded: it is loaded on first use, before any tier opens), KVT_ESPEC
+ * or KVT_ENOTSUP (a tier spec), a tier's error, -ENOMEM, the provider's
+ * error opening the endpoint (e.g. -EADDRINUSE), or KVT_ENOTSUP (built
+ * without libfabric). Detail in kvt_ctx_last_error(ctx), naming the tenant
+ * (never its token) or the host.
  * Thread-safety: like any call on ctx (one thread at a time). */
 KVT_API int kvt_server_create(kvt_ctx *ctx, const kvt_server_config *cfg, kvt_server **out);
 
@@ -136,11 +154,13 @@ KVT_API int kvt_server_tenant_valid(const char *name);
  * values[0..cap) receive the counters in the order of kvt_server_stat_name
  * (those the server did not send are 0); *count (may be NULL) gets how many
  * were written: min(cap, the number of names).
- * Returns 0; -EINVAL (NULL argument); the provider's error opening an
- * endpoint; -ETIMEDOUT (no reply in time); -EAGAIN (nobody listens at
- * host:port: the connection was refused, after about 1.5 s); KVT_EAUTH (tenant refused); another status the
- * server replied; KVT_ENOTSUP (no libfabric). Detail in
- * kvt_ctx_last_error(ctx). Thread-safety: like any call on ctx. */
+ * Returns 0; -EINVAL (NULL argument); KVT_EBACKEND (libfabric.so.1 could
+ * not be loaded); the provider's error opening an endpoint; -ECONNREFUSED
+ * (nobody listens at host:port: the connection was refused, after about
+ * 1.5 s); -ETIMEDOUT (no reply in time); KVT_EAUTH (tenant refused);
+ * another status the server replied; KVT_ENOTSUP (built without
+ * libfabric). Detail in kvt_ctx_last_error(ctx), naming host:port once an
+ * endpoint opened. Thread-safety: like any call on ctx. */
 KVT_API int kvt_server_stats_fetch(kvt_ctx *ctx, const char *host, const char *port,
                                    const char *provider, const char *tenant, const char *token,
                                    uint64_t *values, size_t cap, size_t *count);

@@ -96,7 +96,9 @@ KVT_API int kvt_tier_open(kvt_ctx *ctx, const char *spec, kvt_tier **out);
  * yet polled, and frees the tier. Accepts NULL. */
 KVT_API void kvt_tier_close(kvt_tier *tier);
 
-/* The spec the tier was opened with, and its scheme ("dram"). */
+/* The spec the tier was opened with (kvt_tier_open_backend: its scheme,
+ * "dram"), for display: secrets in it (a redis password, a fabric token)
+ * are shown as "***" (docs/TIERS.md). "" for NULL. */
 KVT_API const char *kvt_tier_spec(const kvt_tier *tier);
 
 /* Submits n operations. Returns how many were accepted (they will complete,

@@ -1,8 +1,10 @@
-/* tiers/nvme/tier_nvme.c - the "nvme" tier (nvme:DIR:SIZE[,qd=N][,engine=pread]):
- * one file per payload under DIR, written and read with O_DIRECT through
- * io_uring, surviving restarts. This file: the layout, the operations and
- * their state machines; tier_nvme_ring.c drives io_uring, tier_nvme_open.c
- * opens (spec, directory scan, preallocated requests and buffers).
+/* tiers/nvme/tier_nvme.c - the "nvme" tier
+ * (nvme:DIR:SIZE[,qd=N][,engine=pread][,readonly=1]): one file per payload
+ * under DIR, written and read with O_DIRECT through io_uring, surviving
+ * restarts; one writer per DIR (a lock), and readers beside it that change
+ * nothing. This file: the layout, the operations and their state machines;
+ * tier_nvme_ring.c drives io_uring, tier_nvme_open.c opens (spec, lock,
+ * directory scan, preallocated requests and buffers).
  *
  * Layout: DIR/<first key byte, 2 hex>/<key, 32 hex>. A file is a 4096-byte
  * header block (magic, version, key, payload length, XXH3-64 of the payload,
@@ -14,9 +16,9 @@
  * subdirectory; it is acknowledged only after that fsync, so an
  * acknowledged value has durable bytes and a durable name, and a power loss
  * cannot bring back the value it replaced. A crash before the rename leaves
- * the old value and a stray temporary (removed by the next open); the final
- * name only ever points at a file whose bytes were synced, so a torn file
- * can only come from the disk itself, and a GET verifies every byte it
+ * the old value and a stray temporary (removed by the next writer's open);
+ * the final name only ever points at a file whose bytes were synced, so a
+ * torn file can only come from the disk itself, and a GET verifies every byte it
  * returns (header checksum, length, payload XXH3): a file that does not
  * verify is deleted and the GET is a miss. Renames and index updates happen
  * in one order under the index lock, so the index describes the file that
@@ -46,7 +48,10 @@
  * has no metadata to commit and the write needs no io-wq worker. This is
  * what a full cache does all day (evict, then store). A spare is reused only
  * once no GET that could have it open is running; spares are unlinked when
- * a PUT needs their room, on close, and (as leftovers) on open. */
+ * a PUT needs their room, on close, and (as leftovers) on open. A file
+ * system found full before the capacity (-ENOSPC from the file system, not
+ * the accounting) unlinks them all and the PUT is tried once more: evicting
+ * (deleting) values would otherwise never free a block. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -167,10 +172,12 @@ static void spare_drop(nvme *n, uint64_t need) {
     spare_unlink(n, n->n_spares - 1);
 }
 
-void nvme_spares_free(nvme *n) {
+unsigned nvme_spares_free(nvme *n) {
   pthread_mutex_lock(&n->mu);
+  const unsigned had = n->n_spares;
   spare_drop(n, UINT64_MAX - n->used);
   pthread_mutex_unlock(&n->mu);
+  return had;
 }
 
 /* ---- requests and the backlog ------------------------------------------------ */
@@ -367,17 +374,31 @@ static int put_commit(nreq *r) {
   return 0;
 }
 
-static void put_sync(nreq *r) {
+/* Gives a PUT that starts over a new temporary name, removing the file of
+ * the old one if it was created. */
+static void put_rename(nreq *r) {
   nvme *n = r->n;
-  const int dfd = n->subs[r->sub].fd;
+  if (r->name[0])
+    unlinkat(n->subs[r->tsub].fd, r->name, 0);
+  char hex[33];
+  nvme_key_hex(&r->op->key, hex);
+  pthread_mutex_lock(&n->mu);
+  const unsigned long long seq = ++n->counter;
+  pthread_mutex_unlock(&n->mu);
+  snprintf(r->name, sizeof(r->name), ".tmp-%s-%llu", hex, seq);
+}
+
+/* One attempt with plain calls: 0, or -errno with r->fd and r->name left
+ * for req_end (or a retry) to close and remove. */
+static int put_sync_once(nreq *r) {
+  nvme *n = r->n;
   r->fd = openat(n->subs[r->tsub].fd, r->name,
                  O_WRONLY | (r->spare ? 0 : O_CREAT | O_EXCL) | open_flags(n), 0644);
   if (r->fd < 0) {
     const int err = -errno;
     if (!r->spare)
       r->name[0] = '\0'; /* not created; a spare is unlinked */
-    req_end(r, err);
-    return;
+    return err;
   }
   int64_t rc = xfer_sync(r, 1);
   if (rc >= 0 && (uint64_t)rc != r->disk)
@@ -389,9 +410,25 @@ static void put_sync(nreq *r) {
     r->fd = -1;
     rc = put_commit(r);
   }
-  if (rc >= 0 && fsync(dfd) != 0) /* the new name is durable */
+  if (rc >= 0 && fsync(n->subs[r->sub].fd) != 0) /* the new name is durable */
     rc = -errno;
-  req_end(r, (int)rc);
+  return (int)rc;
+}
+
+/* The file system is full although the capacity had room. The spares' blocks
+ * are in neither the file system's free space nor what the caller can evict
+ * (a DEL keeps its file as a spare), so a caller making room by deleting
+ * would never get it: give them back, and try once more. */
+static void put_sync(nreq *r) {
+  int rc = put_sync_once(r);
+  if (rc == -ENOSPC && !r->spare && nvme_spares_free(r->n)) {
+    if (r->fd >= 0)
+      close(r->fd);
+    r->fd = -1;
+    put_rename(r);
+    rc = put_sync_once(r);
+  }
+  req_end(r, rc);
 }
 
 /* Fills the header block and points the transfer at the payload: in place
@@ -519,7 +556,8 @@ static void get_corrupt(nreq *r, const char *why) {
   const int same = fstat(r->fd, &a) == 0 && fstatat(dfd, hex, &b, 0) == 0 &&
                    a.st_ino == b.st_ino && a.st_dev == b.st_dev;
   if (same) {
-    unlinkat(dfd, hex, 0);
+    if (!n->readonly) /* a reader forgets it; the writer may be replacing it */
+      unlinkat(dfd, hex, 0);
     kvt_index_entry *e = kvt_index_find(&n->ix, &r->op->key);
     if (e) {
       n->used -= e->off;
@@ -528,8 +566,8 @@ static void get_corrupt(nreq *r, const char *why) {
   }
   const unsigned long long count = ++n->corrupt;
   pthread_mutex_unlock(&n->mu);
-  kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s/%02x/%s: %s; deleted, a miss (corrupt files: %llu)",
-           n->dir, r->sub, hex, why, count);
+  kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s/%02x/%s: %s; %s, a miss (corrupt files: %llu)",
+           n->dir, r->sub, hex, why, n->readonly ? "left in place (read-only)" : "deleted", count);
   req_end(r, KVT_ENOTFOUND);
 }
 
@@ -659,22 +697,14 @@ static void req_start(nreq *r) {
 int nvme_owner_gone(int err) { return err == -ECANCELED || err == -EINTR || err == -EFAULT; }
 
 static void chain_again(nreq *r) {
-  nvme *n = r->n;
   r->err = 0;
   r->moved = 0;
   if (r->stage == S_GET) {
     nvme_ring_get(r);
     return;
   }
-  if (!r->spare) { /* the temporary may exist: start over under a new name */
-    unlinkat(n->subs[r->tsub].fd, r->name, 0);
-    char hex[33];
-    nvme_key_hex(&r->op->key, hex);
-    pthread_mutex_lock(&n->mu);
-    const unsigned long long seq = ++n->counter;
-    pthread_mutex_unlock(&n->mu);
-    snprintf(r->name, sizeof(r->name), ".tmp-%s-%llu", hex, seq);
-  }
+  if (!r->spare) /* the temporary may exist: start over under a new name */
+    put_rename(r);
   nvme_ring_put(r);
 }
 
@@ -693,6 +723,17 @@ void nvme_chain_done(nreq *r) {
     return;
   }
   int rc = r->err;
+  if ((rc == 0 && r->short_io) || (rc == -ENOSPC && !r->spare && nvme_spares_free(r->n))) {
+    /* A write that fell short says how far it got, not why (a full file
+     * system, a quota, a file size limit); plain calls say it, and retry
+     * once a full file system got the spares' blocks back (put_sync). */
+    r->err = 0;
+    r->moved = 0;
+    if (!r->spare)
+      put_rename(r);
+    put_sync(r);
+    return;
+  }
   if (rc == 0)
     rc = put_commit(r);
   if (rc == 0)
@@ -754,6 +795,11 @@ static int op_meta(nvme *n, kvt_tier_op *op) {
 
 int nvme_submit(void *state, kvt_tier_op *op) {
   nvme *n = state;
+  if (n->readonly && (op->opcode == KVT_TIER_PUT || op->opcode == KVT_TIER_DEL)) {
+    op->result = -EROFS; /* readonly=1: nothing is written, renamed or deleted */
+    kvt_tier_complete(n->tier, op);
+    return 0;
+  }
   switch (op->opcode) {
   case KVT_TIER_PUT:
     return op_put(n, op);

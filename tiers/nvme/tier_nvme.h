@@ -55,6 +55,7 @@ typedef struct nreq {
   int err;         /* the first error seen in the current chain */
   int64_t moved;   /* bytes the chain's transfer moved */
   unsigned cqes;   /* io_uring: CQEs still expected for the current chain */
+  int short_io;    /* io_uring PUT: the write fell short (the CQE says how far, not why) */
   uint8_t *hdr;    /* NVME_BLK: the header block */
   uint8_t *tail;   /* NVME_BLK: PUT: the payload's last partial block, padded */
   int pool;        /* pool buffer index, or -1 */
@@ -86,6 +87,8 @@ struct nvme {
   kvt_ctx *ctx;
   kvt_tier *tier;
   char dir[NVME_PATH - 2 * NVME_NAME];
+  int readonly;       /* readonly=1: no lock; nothing created, renamed or deleted */
+  int lock_fd;        /* DIR/.lock, flock()ed exclusively until close (writers) */
   int direct;         /* O_DIRECT accepted by the file system (probed on open) */
   int falloc;         /* fallocate accepted by the file system (probed on open) */
   /* mu: the index, used/pending/corrupt/counter, and every rename or unlink
@@ -127,7 +130,8 @@ uint64_t nvme_disk_size(uint64_t len);
 int nvme_hex_key(const char *s, kvt_key *k);
 void nvme_key_hex(const kvt_key *k, char out[33]);
 int nvme_submit(void *state, kvt_tier_op *op);
-void nvme_spares_free(nvme *n); /* unlinks every spare (close) */
+/* Unlinks every spare (close, and a file system found full); how many. */
+unsigned nvme_spares_free(nvme *n);
 /* The pread engine's progress: operations complete on the threads that run
  * them (a backlogged one on whichever thread frees a request), so a waiter
  * just sleeps until a request ends, 1 ms at most. */

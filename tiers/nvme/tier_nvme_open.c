@@ -1,29 +1,63 @@
-/* tiers/nvme/tier_nvme_open.c - opening and closing the nvme tier: the spec, the
- * directory and its 256 subdirectories, the index rebuilt from the header
- * blocks on disk (torn files and stray temporaries removed), the requests
- * and I/O buffers preallocated for the data path, and the engine choice. */
+/* tiers/nvme/tier_nvme_open.c - opening and closing the nvme tier: the spec,
+ * the directory's owner (a lock), the directory and its 256 subdirectories,
+ * the index rebuilt from the header blocks on disk (torn files and stray
+ * temporaries removed, entries that are not regular files skipped), the
+ * requests and I/O buffers preallocated for the data path, and the engine. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "tier_nvme.h"
 
-/* Reads one file's header block; whether it names a whole, valid value. */
-static int scan_file(const nvme *n, int dfd, const char *name, uint8_t *blk, const kvt_key *k,
-                     uint64_t *len) {
-  const int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | (n->direct ? O_DIRECT : 0));
-  if (fd < 0)
-    return 0;
+static const char *file_kind(mode_t m) {
+  if (S_ISFIFO(m))
+    return "a FIFO";
+  if (S_ISLNK(m))
+    return "a symbolic link";
+  if (S_ISDIR(m))
+    return "a directory";
+  return "not a regular file";
+}
+
+/* Reads one file's header block: 1 when it names a whole, valid value, 0
+ * when it does not (torn), -1 when it is no file of ours to judge: not a
+ * regular file (a FIFO's open would wait for a writer forever, a link leads
+ * elsewhere), or it cannot be opened. Those are skipped and left alone. */
+static int scan_file(const nvme *n, int dfd, const char *sub, const char *name, uint8_t *blk,
+                     const kvt_key *k, uint64_t *len) {
   struct stat st;
-  const int ok = fstat(fd, &st) == 0 && pread(fd, blk, NVME_BLK, 0) == (ssize_t)NVME_BLK &&
+  if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+    return -1; /* gone since readdir */
+  int fd = -1;
+  if (S_ISREG(st.st_mode)) /* and still one when opened: no link followed, no wait */
+    fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK |
+                               (n->direct ? O_DIRECT : 0));
+  if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+    close(fd);
+    fd = -1;
+  }
+  if (fd < 0) {
+    kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s/%s: %s; skipped, left in place", sub, name,
+             S_ISREG(st.st_mode) ? strerror(errno) : file_kind(st.st_mode));
+    return -1;
+  }
+  const int ok = pread(fd, blk, NVME_BLK, 0) == (ssize_t)NVME_BLK &&
                  nvme_header_ok(blk, k, len) && (uint64_t)st.st_size == nvme_disk_size(*len);
   close(fd);
   return ok;
+}
+
+/* What a torn file and a stray temporary or spare become: removed by the
+ * directory's owner, left alone by a reader (readonly=1). */
+static void scan_remove(const nvme *n, int dfd, const char *name) {
+  if (!n->readonly)
+    unlinkat(dfd, name, 0);
 }
 
 static int scan_subdir(nvme *n, const char *sub, int dfd, uint8_t *blk) {
@@ -35,15 +69,19 @@ static int scan_subdir(nvme *n, const char *sub, int dfd, uint8_t *blk) {
   while (rc == 0 && (de = readdir(d)) != NULL) {
     kvt_key k;
     uint64_t len = 0;
+    int got;
     if (strncmp(de->d_name, ".tmp-", 5) == 0 || strncmp(de->d_name, ".free-", 6) == 0) {
-      /* a PUT that never committed, or a spare (maybe half overwritten) */
-      unlinkat(dfd, de->d_name, 0);
+      /* a PUT that never committed, or a spare (maybe half overwritten); the
+       * directory has one writer (lock_take): not another process's PUT */
+      scan_remove(n, dfd, de->d_name);
     } else if (nvme_hex_key(de->d_name, &k) != 0) {
       continue; /* ".", "..", or not ours: left alone */
-    } else if (!scan_file(n, dfd, de->d_name, blk, &k, &len)) {
-      kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s/%s: bad header or size (torn); deleted", sub,
-               de->d_name);
-      unlinkat(dfd, de->d_name, 0);
+    } else if ((got = scan_file(n, dfd, sub, de->d_name, blk, &k, &len)) < 0) {
+      continue;
+    } else if (!got) {
+      kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s/%s: bad header or size (torn); %s", sub,
+               de->d_name, n->readonly ? "skipped, left in place (read-only)" : "deleted");
+      scan_remove(n, dfd, de->d_name);
       n->corrupt++;
     } else if ((rc = kvt_index_reserve(&n->ix, n->ix.items + 1)) == 0) {
       int fresh;
@@ -61,10 +99,12 @@ static int scan_subdir(nvme *n, const char *sub, int dfd, uint8_t *blk) {
 static void probe(nvme *n) {
   char path[NVME_PATH];
   snprintf(path, sizeof(path), "%s/.probe-direct", n->dir);
-  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+  unlink(path); /* a new file: never a FIFO's open that waits, nor a link */
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
+  int fd = open(path, flags | O_DIRECT, 0644);
   n->direct = fd >= 0 || errno != EINVAL;
   if (fd < 0)
-    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    fd = open(path, flags, 0644);
   n->falloc = fd >= 0 && fallocate(fd, 0, 0, NVME_BLK) == 0;
   if (fd >= 0)
     close(fd);
@@ -73,28 +113,111 @@ static void probe(nvme *n) {
     kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s refuses O_DIRECT: buffered I/O", n->dir);
 }
 
-/* Creates DIR and its 256 subdirectories if needed, keeps a descriptor on
- * each (the data path works relative to them) and rebuilds the index from
- * the header blocks (payloads are verified by GET). */
-static int nvme_scan(nvme *n) {
+/* Who holds the lock on fd, from the pid the holder wrote in the file:
+ * "pid N (comm)". */
+static void lock_holder(int fd, char *out, size_t cap) {
+  char buf[24] = {0}, path[64], comm[32] = {0};
+  char *end = NULL;
+  const long pid = pread(fd, buf, sizeof(buf) - 1, 0) > 0 ? strtol(buf, &end, 10) : 0;
+  if (pid <= 0 || *end != '\n') {
+    snprintf(out, cap, "another process (pid not written yet)");
+    return;
+  }
+  snprintf(path, sizeof(path), "/proc/%ld/comm", pid);
+  const int cfd = open(path, O_RDONLY | O_CLOEXEC);
+  if (cfd >= 0) {
+    if (read(cfd, comm, sizeof(comm) - 1) > 0)
+      comm[strcspn(comm, "\n")] = '\0';
+    close(cfd);
+  }
+  snprintf(out, cap, "pid %ld%s%s%s%s", pid, comm[0] ? " (" : "", comm, comm[0] ? ")" : "",
+           pid == (long)getpid() ? ", this process" : "");
+}
+
+/* A directory has one writer: an exclusive flock() on DIR/.lock, held until
+ * close, the holder's pid written in the file for the error a second writer
+ * gets (-EBUSY). Opening removes stray temporaries and spares, which would
+ * be another writer's PUTs in flight. flock() locks belong to the open
+ * file, not to the process: a second open in the same process conflicts
+ * too, and a child forked while the tier is open holds it with the parent.
+ * Readers (readonly=1) take no lock: they change nothing. */
+static int lock_take(nvme *n) {
+  char path[NVME_PATH];
+  snprintf(path, sizeof(path), "%s/.lock", n->dir);
+  const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int err = fd < 0 ? errno : EINVAL;
+    if (fd >= 0)
+      close(fd);
+    return kvt_fail(n->ctx, -err, "nvme tier: lock file '%s': %s", path,
+                    err == EINVAL ? "not a regular file" : strerror(err));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno == EWOULDBLOCK ? EBUSY : errno;
+    char who[96];
+    lock_holder(fd, who, sizeof(who));
+    close(fd);
+    if (err == EBUSY)
+      return kvt_fail(n->ctx, -EBUSY,
+                      "nvme tier: '%s' is in use by %s: a directory has one writer "
+                      "(readonly=1 opens it to read alongside)", n->dir, who);
+    return kvt_fail(n->ctx, -err, "nvme tier: locking '%s': %s", path, strerror(err));
+  }
+  /* The new pid, then the end cut: a reader sees one pid and its newline. */
+  char pid[24];
+  const int len = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+  if (pwrite(fd, pid, (size_t)len, 0) != len || ftruncate(fd, len) != 0)
+    kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: writing the pid to '%s': %s", path,
+             strerror(errno));
+  n->lock_fd = fd;
+  return 0;
+}
+
+/* The directory, and the lock of a writer. A writer creates DIR if needed;
+ * a reader creates nothing, so DIR must exist. */
+static int dir_open(nvme *n) {
+  struct stat st;
+  if (n->readonly) {
+    const int err = stat(n->dir, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    if (err)
+      return kvt_fail(n->ctx, -err, "nvme tier: '%s': %s (readonly=1 creates nothing)", n->dir,
+                      strerror(err));
+    return 0;
+  }
   if (mkdir(n->dir, 0755) != 0 && errno != EEXIST)
     return kvt_fail(n->ctx, -errno, "nvme tier: cannot create directory '%s': %s", n->dir,
                     strerror(errno));
-  probe(n);
+  const int rc = lock_take(n);
+  if (rc == 0)
+    probe(n);
+  return rc;
+}
+
+/* Creates DIR and its 256 subdirectories if needed, keeps a descriptor on
+ * each (the data path works relative to them) and rebuilds the index from
+ * the header blocks (payloads are verified by GET). A reader opens the
+ * subdirectories there are (none is created) and reads with the page cache
+ * (it has no file to probe O_DIRECT with). */
+static int nvme_scan(nvme *n) {
+  int rc = dir_open(n);
+  if (rc)
+    return rc;
   uint8_t *blk = kvt_alloc(n->ctx, NVME_BLK, NVME_BLK);
   if (!blk)
     return kvt_fail(n->ctx, -ENOMEM, "nvme tier: allocating a header buffer");
-  int rc = 0;
   for (unsigned i = 0; i < NVME_SUBDIRS && rc == 0; i++) {
     char sub[NVME_PATH];
     snprintf(sub, sizeof(sub), "%s/%02x", n->dir, i);
-    if (mkdir(sub, 0755) != 0 && errno != EEXIST)
+    if (!n->readonly && mkdir(sub, 0755) != 0 && errno != EEXIST)
       rc = -errno;
     else if ((n->subs[i].fd = open(sub, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
-      rc = -errno;
+      rc = n->readonly && errno == ENOENT ? 0 : -errno;
+    if (rc == 0 && n->subs[i].fd < 0)
+      continue; /* a reader, and no such subdirectory: no values there */
     if (rc)
-      rc = kvt_fail(n->ctx, rc, "nvme tier: cannot create directory '%s': %s", sub,
-                    strerror(-rc));
+      rc = kvt_fail(n->ctx, rc, "nvme tier: cannot %s directory '%s': %s",
+                    n->readonly ? "open" : "create", sub, strerror(-rc));
     else if ((rc = scan_subdir(n, sub, n->subs[i].fd, blk)) != 0)
       rc = kvt_fail(n->ctx, rc, "nvme tier: scanning '%s': %s", sub, kvt_strerror(rc));
   }
@@ -102,7 +225,7 @@ static int nvme_scan(nvme *n) {
   return rc;
 }
 
-/* DIR:SIZE[,qd=N][,engine=pread]; DIR may itself contain ':'. */
+/* DIR:SIZE[,qd=N][,engine=pread][,readonly=1]; DIR may itself contain ':'. */
 static int parse_args(nvme *n, const char *args, int *force_pread) {
   const char *colon = args ? strrchr(args, ':') : NULL;
   if (!colon || colon == args || (size_t)(colon - args) >= sizeof(n->dir))
@@ -125,6 +248,8 @@ static int parse_args(nvme *n, const char *args, int *force_pread) {
       n->qd = (unsigned)qd;
     } else if (strcmp(tok, "engine=pread") == 0) {
       *force_pread = 1;
+    } else if (strcmp(tok, "readonly=1") == 0 || strcmp(tok, "readonly=0") == 0) {
+      n->readonly = tok[9] == '1';
     } else {
       return kvt_fail(n->ctx, KVT_ESPEC, "nvme tier: '%s': unknown option '%s'", args, tok);
     }
@@ -186,6 +311,8 @@ void nvme_close(void *state) {
   for (unsigned i = 0; i < NVME_SUBDIRS; i++)
     if (n->subs[i].fd >= 0)
       close(n->subs[i].fd);
+  if (n->lock_fd >= 0)
+    close(n->lock_fd); /* the last: the next writer may clean up what this one left */
   pthread_cond_destroy(&n->idle);
   pthread_mutex_destroy(&n->qmu);
   pthread_mutex_destroy(&n->mu);
@@ -204,6 +331,7 @@ int nvme_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
   n->ctx = ctx;
   n->tier = tier;
   n->qd = NVME_QD_DEFAULT;
+  n->lock_fd = -1;
   for (unsigned i = 0; i < NVME_SUBDIRS; i++)
     n->subs[i].fd = -1;
   kvt_index_init(&n->ix, ctx);
@@ -229,10 +357,11 @@ int nvme_open(kvt_ctx *ctx, const char *args, kvt_tier *tier, void **state) {
   }
   engine_init(n, force_pread);
   kvt_logf(ctx, KVT_LOG_INFO,
-           "nvme tier: %s: %llu values, %llu of %llu bytes used, %llu torn files removed, %s",
+           "nvme tier: %s: %llu values, %llu of %llu bytes used, %llu torn files %s, %s%s",
            n->dir, (unsigned long long)n->ix.items, (unsigned long long)n->used,
            (unsigned long long)n->capacity, (unsigned long long)n->corrupt,
-           n->uring ? "io_uring" : "pread/pwrite");
+           n->readonly ? "found" : "removed", n->uring ? "io_uring" : "pread/pwrite",
+           n->readonly ? ", read-only" : "");
   *state = n;
   return 0;
 }

@@ -1,8 +1,12 @@
 /* tiers/nvme/tier_nvme_ring.c - the nvme tier's io_uring engine: one ring per
  * tier, shared by every thread under a lock; each request owns a fixed-file
  * slot, so a whole PUT (openat, fallocate, write, fdatasync, close) or GET
- * (openat, read, close) is one hard-linked chain submitted at once, with
- * only its last CQE (and any failure's) posted. SQEs are queued by the
+ * (openat, read, close) is one hard-linked chain submitted at once. The
+ * openat and a PUT's write post a CQE only when they fail or fall short
+ * (IOSQE_CQE_SKIP_SUCCESS); fallocate and fsync always post one, because
+ * kernels do not mark their failures as failures (io_fallocate and io_fsync
+ * only set the result), so with the skip flag a full disk or a failed
+ * fdatasync would post nothing at all. SQEs are queued by the
  * submitting threads and given to the kernel in batches: by progress(),
  * when BATCH_SQES are waiting, or at once when a thread is blocked on the
  * ring (it would not submit them before it wakes). The directory fsyncs
@@ -78,7 +82,8 @@ void nvme_ring_put(nreq *r) {
   const unsigned link = IOSQE_IO_HARDLINK | IOSQE_CQE_SKIP_SUCCESS;
   pthread_mutex_lock(&n->rmu);
   r->err = 0;
-  r->cqes = 1; /* the close; the others post only on failure */
+  r->short_io = 0;
+  r->cqes = 2; /* the fdatasync and the close; the fallocate's below */
   n->chains++;
   struct io_uring_sqe *s = sqe_next(n);
   /* Direct descriptors take no O_CLOEXEC (they are not in the fd table). */
@@ -90,14 +95,15 @@ void nvme_ring_put(nreq *r) {
   if (n->falloc && !r->spare) { /* blocks allocated up front: the write does not extend the file */
     s = sqe_next(n);
     io_uring_prep_fallocate(s, (int)r->id, 0, 0, (off_t)r->disk);
-    sqe_tag(s, who, T_ALLOC, link | IOSQE_FIXED_FILE);
+    sqe_tag(s, who, T_ALLOC, IOSQE_IO_HARDLINK | IOSQE_FIXED_FILE);
+    r->cqes++;
   }
   s = sqe_next(n);
   xfer_prep(n, s, r, 1);
   sqe_tag(s, who, T_XFER, link | IOSQE_FIXED_FILE);
   s = sqe_next(n);
   io_uring_prep_fsync(s, (int)r->id, IORING_FSYNC_DATASYNC);
-  sqe_tag(s, who, T_SYNC, link | IOSQE_FIXED_FILE);
+  sqe_tag(s, who, T_SYNC, IOSQE_IO_HARDLINK | IOSQE_FIXED_FILE);
   s = sqe_next(n);
   io_uring_prep_close_direct(s, r->id);
   sqe_tag(s, who, T_CLOSE, 0);
@@ -183,12 +189,13 @@ static void cqe_take(nvme *n, uint64_t ud, int res, nreq **done, unsigned *nd, n
   const int put = r->op->opcode == KVT_TIER_PUT;
   if (tag == T_XFER && res >= 0) {
     r->moved = res;
-    if (put && !r->err) /* a write posts a CQE only when it fell short */
-      r->err = -EIO;
+    if (put) /* a write posts a CQE only when it fell short */
+      r->short_io = 1;
   } else if (res < 0 && !r->err) {
     r->err = res; /* the first failure of the chain; later SQEs then fail too */
   }
-  if ((tag == T_CLOSE || (tag == T_XFER && !put)) && --r->cqes == 0) {
+  const int counted = tag == T_CLOSE || tag == T_ALLOC || tag == T_SYNC || (tag == T_XFER && !put);
+  if (counted && --r->cqes == 0) {
     done[(*nd)++] = r;
     n->chains--;
   }

@@ -5,9 +5,11 @@
  *   redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][?OPTIONS]
  * USER may be empty (":PASSWORD@": AUTH PASSWORD; otherwise AUTH USER
  * PASSWORD for an ACL user); %XX escapes (two hex digits, not %00) are
- * decoded in both. HOST may be a name, an IPv4 address or [IPv6]. The
- * cluster form takes any number of seed nodes and learns the rest with
- * CLUSTER SLOTS. OPTIONS, joined with '&':
+ * decoded in both. The userinfo ends at the last '@' before the '?', so a
+ * password may hold '@' and '/', and a '?' in it is written %3F. Messages,
+ * logs and kvt_tier_spec() show the password as ***. HOST may be a name,
+ * an IPv4 address or [IPv6]. The cluster form takes any number of seed
+ * nodes and learns the rest with CLUSTER SLOTS. OPTIONS, joined with '&':
  *   ns=NAME          key namespace, one per deployment (default "default");
  *                    letters, digits and _ - . / only
  *   ttl=SECONDS      every key expires after this (default 0: never)
@@ -25,17 +27,23 @@
  *   conns=N          worker threads, each with one connection per node (4)
  *   pipeline=N       operations one worker sends before reading replies (32)
  *
- * Keys: kvt:NS:{HEX} holds a 32-byte header (magic, generation, length, part
- * count and size) and the first part; kvt:NS:{HEX}:GEN:p<i> the others, GEN
- * naming the PUT that wrote them (see tier_redis_ops.c). A PUT of one part
+ * Keys: kvt:NS:{HEX} holds a 64-byte header (magic, format, generation,
+ * length, part count and size, the key, the XXH3 of the first part and of
+ * the header) and the first part; kvt:NS:{HEX}:GEN:p<i> the others, each
+ * with a 32-byte header (index, generation, the XXH3 of its data and of its
+ * header with the key and length), GEN naming the PUT that wrote them (see
+ * tier_redis_format.c, tier_redis_ops.c). A PUT of one part
  * is one transaction (MULTI, GETRANGE of the old header, SET, EXEC); a PUT
  * of several writes them all, then switches the value key in one script
  * (EVAL: checks the parts, RENAME). So a failed PUT leaves any old value in
  * place, and concurrent PUTs and DELs of one key keep items and used exact.
  * Values are split into at most 1024 parts (larger than part= where
- * needed). A missing, expired, torn or foreign value is a miss (a GET that
- * misses or fails may have written into its buffer, never past the value's
- * length or the buffer's capacity).
+ * needed). A missing, expired, torn or foreign value is a miss, and so is a
+ * value that fails a check (another key's, a part of another value, a bit
+ * flipped in a header or the data, format 1 of kvtier 0.3.0), logged as a
+ * warning naming the Redis key; a GET never deletes it (the next PUT
+ * replaces it). A GET that misses or fails may have written into its
+ * buffer, never past the value's length or the buffer's capacity.
  * Errors: a full server (OOM, maxmemory with noeviction) is -ENOSPC; a dead
  * or unreachable server fails the operations on it with -ECONNREFUSED,
  * -ECONNRESET, -ETIMEDOUT (or KVT_EBACKEND), logged, and the next operation
@@ -93,10 +101,10 @@ static int parse_u64(const char *v, uint64_t lo, uint64_t hi, uint64_t *out) {
   return 0;
 }
 
-static int parse_option(rd_state *st, const char *args, char *kv) {
+static int parse_option(rd_state *st, const char *shown, char *kv) {
   char *v = strchr(kv, '=');
   if (!v)
-    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': option '%s' needs =VALUE", args, kv);
+    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': option '%s' needs =VALUE", shown, kv);
   *v++ = '\0';
   uint64_t x = 0;
   int bad = 0;
@@ -121,24 +129,24 @@ static int parse_option(rd_state *st, const char *args, char *kv) {
     bad = parse_u64(v, 1, 1024, &x);
     st->pipeline = (uint32_t)x;
   } else {
-    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': unknown option '%s'", args, kv);
+    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': unknown option '%s'", shown, kv);
   }
   if (bad)
-    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': bad value '%s' for option '%s'", args, v,
-                    kv);
+    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': bad value '%s' for option '%s'", shown,
+                    v, kv);
   return 0;
 }
 
-static int parse_host(rd_state *st, const char *args, const char *h, size_t n) {
+static int parse_host(rd_state *st, const char *shown, const char *h, size_t n) {
   char tmp[256];
   if (n == 0 || n >= sizeof(tmp))
-    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': expected HOST:PORT", args);
+    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': expected HOST:PORT", shown);
   memcpy(tmp, h, n);
   tmp[n] = '\0';
   char *colon = strrchr(tmp, ':');
   uint64_t port = 0;
   if (!colon || parse_u64(colon + 1, 1, 65535, &port))
-    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': '%s' is not HOST:PORT", args, tmp);
+    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': '%s' is not HOST:PORT", shown, tmp);
   *colon = '\0';
   const char *name = tmp;
   if (tmp[0] == '[' && colon > tmp + 1 && colon[-1] == ']') {
@@ -146,13 +154,14 @@ static int parse_host(rd_state *st, const char *args, const char *h, size_t n) {
     name = tmp + 1;
   }
   if (!*name)
-    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': empty host", args);
+    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': empty host", shown);
   if (rd_node_add(st, name, (int)port) < 0)
-    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': more than %d nodes", args, RD_MAX_NODES);
+    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': more than %d nodes", shown,
+                    RD_MAX_NODES);
   return 0;
 }
 
-static int parse_userinfo(rd_state *st, const char *args, const char *u, size_t n) {
+static int parse_userinfo(rd_state *st, const char *shown, const char *u, size_t n) {
   const char *colon = memchr(u, ':', n);
   const size_t un = colon ? (size_t)(colon - u) : 0;
   const char *p = colon ? colon + 1 : u;
@@ -160,34 +169,42 @@ static int parse_userinfo(rd_state *st, const char *args, const char *u, size_t 
   if (kvt_url_unescape(st->user, sizeof(st->user), u, un) ||
       kvt_url_unescape(st->pass, sizeof(st->pass), p, pn) ||
       !st->pass[0])
-    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': bad USER:PASSWORD@", args);
+    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': bad USER:PASSWORD@", shown);
   return 0;
 }
 
+/* Messages show args as `shown`, its password replaced by "***". */
 static int parse_spec(rd_state *st, const char *args) {
-  char buf[1024];
+  char buf[1024], shown[1100];
+  kvt_spec_redact(shown, sizeof(shown), args);
   if (strncmp(args, "//", 2) != 0 || strlen(args) >= sizeof(buf))
-    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': expected //HOST:PORT (see kvtier/tier.h)",
-                    args);
+    return kvt_fail(st->ctx, KVT_ESPEC,
+                    "redis tier: '%s': expected //HOST:PORT (see kvtier/tier.h)",
+                    strncmp(args, "//", 2) == 0 || !strchr(args, '@') ? shown : "(not shown)");
   snprintf(buf, sizeof(buf), "%s", args + 2);
   char *opts = strchr(buf, '?');
   if (opts)
     *opts++ = '\0';
-  char *path = strchr(buf, '/');
-  if (path)
-    *path++ = '\0';
-  char *hosts = buf, *at = strrchr(buf, '@');
+  if (opts && strchr(opts, '@') && !strchr(buf, '@'))
+    return kvt_fail(st->ctx, KVT_ESPEC,
+                    "redis tier: '%s': '@' after '?': a '?' in USER:PASSWORD is written %%3F",
+                    shown);
+  char *hosts = buf, *at = strrchr(buf, '@'); /* the password may hold '@' and '/' */
   if (at) {
-    int rc = parse_userinfo(st, args, buf, (size_t)(at - buf));
+    int rc = parse_userinfo(st, shown, buf, (size_t)(at - buf));
     if (rc)
       return rc;
     hosts = at + 1;
   }
+  char *path = strchr(hosts, '/');
+  if (path)
+    *path++ = '\0';
   for (char *h = hosts;;) {
     char *comma = strchr(h, ',');
     if (comma && !st->cluster)
-      return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': one HOST:PORT (redis+cluster:// takes several)", args);
-    int rc = parse_host(st, args, h, comma ? (size_t)(comma - h) : strlen(h));
+      return kvt_fail(st->ctx, KVT_ESPEC,
+                      "redis tier: '%s': one HOST:PORT (redis+cluster:// takes several)", shown);
+    int rc = parse_host(st, shown, h, comma ? (size_t)(comma - h) : strlen(h));
     if (rc)
       return rc;
     if (!comma)
@@ -196,12 +213,12 @@ static int parse_spec(rd_state *st, const char *args) {
   }
   uint64_t db = 0;
   if (path && *path && (parse_u64(path, 0, 1000000, &db) || (st->cluster && db != 0)))
-    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': bad database '/%s'%s", args, path,
+    return kvt_fail(st->ctx, KVT_ESPEC, "redis tier: '%s': bad database '/%s'%s", shown, path,
                     st->cluster ? " (a cluster has only database 0)" : "");
   st->db = (int)db;
   char *save = NULL;
   for (char *kv = opts ? strtok_r(opts, "&", &save) : NULL; kv; kv = strtok_r(NULL, "&", &save)) {
-    int rc = parse_option(st, args, kv);
+    int rc = parse_option(st, shown, kv);
     if (rc)
       return rc;
   }

@@ -17,8 +17,10 @@
 #define RD_SLOTS 16384
 #define RD_MAX_NODES 64
 #define RD_NO_NODE 0xFFu
-#define RD_HDR 32u       /* the value key's header */
-#define RD_PHDR 16u      /* a part key's header */
+#define RD_FORMAT 2u  /* the value format (tier_redis_format.c) */
+#define RD_HDR 64u    /* the value key's header */
+#define RD_PHDR 32u   /* a part key's header */
+#define RD_HDR_V1 32u /* format 1's value header (kvtier 0.3.0) */
 /* What one value costs in `used` beyond its length: its header and an
  * estimate of what Redis spends on a key (the key's name, dict and expiry
  * entries, object headers: about 190 bytes measured on Redis 7 with
@@ -107,7 +109,34 @@ struct rd_state {
   uint64_t learned_ms;      /* when capacity was last learned */
   uint64_t next_recount_ms; /* ttl= with capacity=: the next recount, not before */
   pthread_mutex_t learn_mu; /* one capacity learner or recounter at a time */
+  unsigned long long corrupt; /* values a GET found failing a check (atomic) */
 };
+
+/* tier_redis_format.c: what a value header says. */
+typedef struct rd_hdr {
+  uint64_t gen, total, psz;
+  uint64_t hash; /* XXH3-64 of the data after the header */
+  uint32_t nparts;
+} rd_hdr;
+
+/* What rd_hdr_check found. */
+enum { RD_HDR_OK, RD_HDR_FOREIGN, RD_HDR_FORMAT1, RD_HDR_CORRUPT, RD_HDR_OTHER_KEY };
+
+static inline uint32_t rd_parts_of(uint64_t total, uint64_t psz) {
+  return total == 0 ? 1u : (uint32_t)((total + psz - 1) / psz);
+}
+void rd_hdr_make(uint8_t h[RD_HDR], const kvt_key *k, const rd_hdr *v);
+/* The first n bytes of a value key, for key k: RD_HDR_OK (v filled in),
+ * RD_HDR_FORMAT1 (v filled in but hash: an old value, whose parts a PUT or
+ * DEL may remove), or why not. */
+int rd_hdr_check(const uint8_t *h, size_t n, const kvt_key *k, rd_hdr *v);
+void rd_part_make(uint8_t ph[RD_PHDR], const kvt_key *k, uint64_t total, uint64_t gen,
+                  uint32_t index, uint64_t hash);
+/* Part index of generation gen of k's value of total bytes: RD_HDR_OK and
+ * the data's hash, or why not. */
+int rd_part_check(const uint8_t *ph, size_t n, const kvt_key *k, uint64_t total, uint64_t gen,
+                  uint32_t index, uint64_t *hash);
+const char *rd_hdr_why(int status);
 
 /* tier_redis.c */
 /* Learns capacity again unless it was learned less than min_age_ms ago. */

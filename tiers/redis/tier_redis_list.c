@@ -1,7 +1,8 @@
 /* tiers/redis/tier_redis_list.c - the redis tier's list: SCAN over the namespace
  * on every master (the cluster's, from the slot map), the length of each
- * value from its header, keys reported once even when SCAN repeats one
- * (it may, while the server rehashes). Runs on the caller's thread over its
+ * value from its header (only headers of ours for the key they are under,
+ * checksum and all: what a GET could find), keys reported once even when
+ * SCAN repeats one (it may, while the server rehashes). Runs on the caller's thread over its
  * own connections. */
 #include <errno.h>
 #include <stdio.h>
@@ -75,7 +76,7 @@ static int list_page(rd_state *st, rd_conn *c, const redisReply *keys, keyset *s
   int rc = 0;
   rd_arm(st, c);
   for (size_t i = 0; i < keys->elements && !rc; i++) {
-    const char *argv[4] = {"GETRANGE", keys->element[i]->str, "0", "31"};
+    const char *argv[4] = {"GETRANGE", keys->element[i]->str, "0", "63"};
     const size_t lens[4] = {8, keys->element[i]->len, 1, 2};
     rc = rd_ctl_send(c, 4, argv, lens);
   }
@@ -86,14 +87,15 @@ static int list_page(rd_state *st, rd_conn *c, const redisReply *keys, keyset *s
       break;
     const redisReply *k = keys->element[i];
     kvt_key key;
-    const uint8_t *h = (const uint8_t *)r->str;
-    if (r->type == REDIS_REPLY_STRING && r->len == RD_HDR && memcmp(h, "KVTR", 4) == 0 &&
-        h[4] == 1 && k->len == st->prefix_len + 34 && unhex(k->str + st->prefix_len + 1, &key) == 0) {
+    rd_hdr v;
+    if (r->type == REDIS_REPLY_STRING && k->len == st->prefix_len + 34 &&
+        unhex(k->str + st->prefix_len + 1, &key) == 0 &&
+        rd_hdr_check((const uint8_t *)r->str, r->len, &key, &v) == RD_HDR_OK) {
       const int fresh = keyset_add(seen, &key);
       if (fresh < 0)
         rc = fresh;
       else if (fresh)
-        rc = fn(opaque, &key, kvt_ld64(h + 16));
+        rc = fn(opaque, &key, v.total);
     }
     freeReplyObject(r);
   }

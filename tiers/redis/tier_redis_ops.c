@@ -8,8 +8,9 @@
  *
  * Layout of a value of L bytes under chunk key K (hex H), part size P, with
  * generation G (a random id per PUT, 16 hex digits):
- *   kvt:NS:{H}            header (32 bytes) + bytes [0, min(L, P))
- *   kvt:NS:{H}:G:p<i>     part header (16 bytes) + bytes [i*P, min(L, (i+1)*P)), i >= 1
+ *   kvt:NS:{H}            header (64 bytes) + bytes [0, min(L, P))
+ *   kvt:NS:{H}:G:p<i>     part header (32 bytes) + bytes [i*P, min(L, (i+1)*P)), i >= 1
+ * (the headers, with the key and checksums: tier_redis_format.c).
  * The hash tag {H} puts a chunk's keys in one cluster slot. A PUT writes its
  * parts and its value key under its own generation's names (the value key as
  * kvt:NS:{H}:G:p0), then one script (PUT_LUA) checks they are all there,
@@ -22,7 +23,11 @@
  * generation's parts are deleted after the switch.
  * Every part names its generation and index: a reader that finds a missing
  * part, another generation or a wrong length reports a miss, never mixed
- * bytes. */
+ * bytes. A GET checks every header (its key, generation, index, length) and
+ * the XXH3 of every part's data as it lands in the caller's buffer: a value
+ * that fails is a miss (KVT_ENOTFOUND, what the cache takes for a lost copy),
+ * logged as a warning naming the Redis key and the reason, and left in place
+ * (a read never deletes: the next PUT replaces it). */
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
@@ -34,16 +39,16 @@
 /* KEYS[1] the value key; ARGV[1] the new generation's part names up to the
  * index (p0 is the new value key), ARGV[2] the part count. Returns nil
  * (nothing switched: a part is missing, its SET failed), or the old header
- * (32 bytes of ours, fewer or other bytes of another value, "" for none or
- * another type). Only the value key is declared, and a missing one is
- * created before the RENAME: a slot being imported (cluster, ASKING)
- * refuses a command on several keys when one is missing (TRYAGAIN). */
+ * (its first 64 bytes, "" for none or another type). Only the value key is
+ * declared, and a missing one is created before the RENAME: a slot being
+ * imported (cluster, ASKING) refuses a command on several keys when one is
+ * missing (TRYAGAIN). */
 static const char PUT_LUA[] =
     "for i = 0, tonumber(ARGV[2]) - 1 do "
     "if redis.call('EXISTS', ARGV[1] .. i) == 0 then return false end end "
     "local h = '' "
     "local t = redis.call('TYPE', KEYS[1])['ok'] "
-    "if t == 'string' then h = redis.call('GETRANGE', KEYS[1], 0, 31) "
+    "if t == 'string' then h = redis.call('GETRANGE', KEYS[1], 0, 63) "
     "elseif t == 'none' then redis.call('SET', KEYS[1], '') end "
     "redis.call('RENAME', ARGV[1] .. '0', KEYS[1]) "
     "return h";
@@ -62,8 +67,10 @@ typedef struct rd_job {
   /* the value written (PUT) or found (GET, QUERY, DEL) */
   uint64_t gen, total, psz;
   uint32_t nparts;
-  /* the header that was there before (PUT, DEL) */
+  uint64_t want_hash; /* GET: the XXH3-64 the data being read must have */
+  /* the header that was there before (PUT, DEL), or QUERY's */
   uint8_t old[RD_HDR];
+  int64_t old_len;
   int old_valid, reserved, phase2;
   int plain_del; /* DEL again without MULTI: the server refused it for memory */
   uint64_t cost;
@@ -76,45 +83,31 @@ static uint64_t rng_next(uint64_t *s) {
   return x ^ (x >> 31);
 }
 
-static uint32_t parts_of(uint64_t total, uint64_t psz) {
-  return total == 0 ? 1u : (uint32_t)((total + psz - 1) / psz);
-}
-
 static uint64_t cost_of(uint64_t total) { return total + RD_ITEM_OVERHEAD; }
 
-static void hdr_make(uint8_t *h, uint64_t gen, uint64_t total, uint32_t nparts, uint64_t psz) {
-  memcpy(h, "KVTR", 4);
-  h[4] = 1;
-  h[5] = h[6] = h[7] = 0;
-  kvt_st64(h + 8, gen);
-  kvt_st64(h + 16, total);
-  kvt_st32(h + 24, nparts);
-  kvt_st32(h + 28, (uint32_t)psz);
+/* What the header read before a PUT or DEL says: a value of ours for this
+ * key (or format 1's, whose parts are removed as well). */
+static int old_header(const rd_job *j, rd_hdr *v) {
+  const int s = rd_hdr_check(j->old, (size_t)j->old_len, &j->op->key, v);
+  return s == RD_HDR_OK || s == RD_HDR_FORMAT1;
 }
 
-/* Parses a value header; 0 when it is not one of ours. */
-static int hdr_parse(const uint8_t *h, uint64_t *gen, uint64_t *total, uint32_t *nparts,
-                     uint64_t *psz) {
-  if (memcmp(h, "KVTR", 4) != 0 || h[4] != 1)
-    return 0;
-  *gen = kvt_ld64(h + 8);
-  *total = kvt_ld64(h + 16);
-  *nparts = kvt_ld32(h + 24);
-  *psz = kvt_ld32(h + 28);
-  return *psz > 0 && *nparts <= RD_MAX_PARTS && *nparts == parts_of(*total, *psz);
+/* Keeps the header a reply of type `type` and length blen brought. */
+static void old_keep(rd_job *j, int rc, char type, int64_t blen) {
+  rd_hdr v;
+  j->old_len = !rc && type == '$' && blen > 0 && blen <= RD_HDR ? blen : 0;
+  j->old_valid = j->old_len > 0 && old_header(j, &v);
 }
 
 /* The old value's generation and part count (1 when there was none). */
 static uint32_t old_parts(const rd_job *j, uint64_t *gen, uint64_t *total) {
-  uint64_t g = 0, t = 0, p;
-  uint32_t n = 1;
-  if (!j->old_valid || !hdr_parse(j->old, &g, &t, &n, &p))
-    n = 1;
+  rd_hdr v = {0};
+  const int valid = j->old_valid && old_header(j, &v);
   if (gen)
-    *gen = g;
+    *gen = valid ? v.gen : 0;
   if (total)
-    *total = t;
-  return n;
+    *total = valid ? v.total : 0;
+  return valid ? v.nparts : 1;
 }
 
 /* ---- writing commands ---- */
@@ -154,7 +147,7 @@ static int put_begin(rd_conn *c, const rd_job *j, int nargs) {
   return rc ? rc : put_num(c, '*', (uint64_t)nargs);
 }
 
-/* GETRANGE key 0 31, with ASKING unless inside MULTI (whose ASKING holds). */
+/* GETRANGE key 0 63, with ASKING unless inside MULTI (whose ASKING holds). */
 static int put_getrange_hdr(rd_conn *c, const rd_job *j, int in_tx) {
   int rc = in_tx ? put_num(c, '*', 4) : put_begin(c, j, 4);
   if (!rc)
@@ -163,7 +156,7 @@ static int put_getrange_hdr(rd_conn *c, const rd_job *j, int in_tx) {
     rc = put_main_key(c, j);
   if (!rc)
     rc = put_arg(c, "0", 1);
-  return rc ? rc : put_arg(c, "31", 2);
+  return rc ? rc : put_arg(c, "63", 2);
 }
 
 #define RD_MAIN UINT32_MAX /* put_set's part: the value key itself, inside MULTI */
@@ -241,8 +234,14 @@ static int put_switch(rd_conn *c, const rd_job *j) {
 static int append_put(rd_state *st, rd_conn *c, rd_job *j) {
   const kvt_tier_op *op = j->op;
   const uint8_t *data = op->buf;
+  const uint64_t n0 = op->len < j->psz ? op->len : j->psz;
+  const rd_hdr v = {.gen = j->gen,
+                    .total = op->len,
+                    .psz = j->psz,
+                    .nparts = j->nparts,
+                    .hash = kvt_hash64(n0 ? data : (const uint8_t *)"", (size_t)n0)};
   uint8_t h[RD_HDR];
-  hdr_make(h, j->gen, op->len, j->nparts, j->psz);
+  rd_hdr_make(h, &op->key, &v);
   int rc = 0;
   if (j->nparts == 1) {
     rc = put_tx_begin(c, j);
@@ -252,14 +251,12 @@ static int append_put(rd_state *st, rd_conn *c, rd_job *j) {
   }
   for (uint32_t i = 1; i < j->nparts && !rc; i++) {
     uint8_t ph[RD_PHDR];
-    memcpy(ph, "KVTP", 4);
-    kvt_st32(ph + 4, i);
-    kvt_st64(ph + 8, j->gen);
     const uint64_t off = (uint64_t)i * j->psz, n = op->len - off < j->psz ? op->len - off : j->psz;
+    rd_part_make(ph, &op->key, op->len, j->gen, i, kvt_hash64(data + off, (size_t)n));
     rc = put_set(st, c, j, i, ph, RD_PHDR, data + off, (size_t)n);
   }
   if (!rc)
-    rc = put_set(st, c, j, 0, h, RD_HDR, data, (size_t)(op->len < j->psz ? op->len : j->psz));
+    rc = put_set(st, c, j, 0, h, RD_HDR, data, (size_t)n0);
   return rc ? rc : put_switch(c, j);
 }
 
@@ -382,11 +379,28 @@ static int read_asking(rd_state *st, rd_conn *c, rd_job *j) {
   return j->ask ? read_small(st, c, j, &type, &num, NULL, 0, &blen) : 0;
 }
 
-/* A bulk reply of hn header bytes + data: the header lands in head, the
- * data in dst when accept() says so (else it is discarded). */
-typedef int (*head_check)(rd_job *j, const uint8_t *head, uint64_t data_len);
+/* A GET found a value that fails a check: a miss, with a warning. Part 0 is
+ * the value key. */
+static void corrupt(rd_state *st, rd_job *j, uint32_t part, const char *why) {
+  j->result = KVT_ENOTFOUND;
+  const unsigned long long n = __atomic_add_fetch(&st->corrupt, 1, __ATOMIC_RELAXED);
+  char name[256];
+  if (part)
+    part_name(name, sizeof(name), j, j->gen, part, 1);
+  else
+    snprintf(name, sizeof(name), "%.*s", (int)j->klen, j->key);
+  kvt_logf(st->ctx, KVT_LOG_WARN, "redis tier: %s: %s; a miss (values failing checks: %llu)", name,
+           why, n);
+}
 
-static int read_bulk(rd_state *st, rd_conn *c, rd_job *j, size_t hn, uint8_t *head,
+/* A bulk reply (the value key, or part `part`) of up to hn header bytes +
+ * data: the header lands in head,
+ * and check() says whether the data goes to dst (else it is discarded) and
+ * what XXH3-64 it must have (j->want_hash). */
+typedef int (*head_check)(rd_state *st, rd_job *j, const uint8_t *head, size_t hn,
+                          uint64_t data_len);
+
+static int read_bulk(rd_state *st, rd_conn *c, rd_job *j, uint32_t part, size_t hn, uint8_t *head,
                      head_check check, uint8_t *dst, int64_t *blen) {
   char type, text[512];
   int64_t num = 0;
@@ -408,40 +422,55 @@ static int read_bulk(rd_state *st, rd_conn *c, rd_job *j, size_t hn, uint8_t *he
     return 0;
   size_t left = (size_t)num;
   int take = 0;
-  if (left >= hn && !j->result && !j->redirect) {
-    rc = rd_read_exact(c, head, hn);
-    left -= hn;
-    take = !rc && check(j, head, left);
+  if (!j->result && !j->redirect) {
+    const size_t got = left < hn ? left : hn;
+    rc = rd_read_exact(c, head, got);
+    left -= got;
+    take = !rc && check(st, j, head, got, left);
   }
   if (!rc)
     rc = rd_read_exact(c, take ? dst : NULL, left);
+  if (!rc && take && kvt_hash64(left ? dst : (const uint8_t *)"", left) != j->want_hash)
+    corrupt(st, j, part, "data checksum mismatch");
   return rc ? rc : rd_read_exact(c, NULL, 2);
 }
 
-static int check_main(rd_job *j, const uint8_t *h, uint64_t data_len) {
-  uint64_t gen, total, psz;
-  uint32_t n;
-  if (!hdr_parse(h, &gen, &total, &n, &psz) || data_len != (total < psz ? total : psz)) {
-    j->result = KVT_ENOTFOUND; /* not ours, or torn */
+static int check_main(rd_state *st, rd_job *j, const uint8_t *h, size_t hn, uint64_t data_len) {
+  rd_hdr v;
+  const int s = rd_hdr_check(h, hn, &j->op->key, &v);
+  if (s != RD_HDR_OK) {
+    corrupt(st, j, 0, rd_hdr_why(s));
     return 0;
   }
-  j->gen = gen, j->total = total, j->nparts = n, j->psz = psz;
-  j->op->out_len = total;
-  if (total > j->op->len) {
+  if (data_len != (v.total < v.psz ? v.total : v.psz)) {
+    corrupt(st, j, 0, "data length differs from its header's");
+    return 0;
+  }
+  j->gen = v.gen, j->total = v.total, j->nparts = v.nparts, j->psz = v.psz;
+  j->want_hash = v.hash;
+  j->op->out_len = v.total;
+  if (v.total > j->op->len) {
     j->result = KVT_ENOBUFS;
     return 0;
   }
-  j->phase2 = n > 1;
+  j->phase2 = v.nparts > 1;
   return 1;
 }
 
-static int check_part(rd_job *j, const uint8_t *h, uint64_t data_len) {
+static int check_part(rd_state *st, rd_job *j, const uint8_t *h, size_t hn, uint64_t data_len) {
   const uint32_t i = (uint32_t)j->phase2;
   const uint64_t off = (uint64_t)i * j->psz;
   const uint64_t want = j->total - off < j->psz ? j->total - off : j->psz;
-  if (memcmp(h, "KVTP", 4) != 0 || kvt_ld32(h + 4) != i || kvt_ld64(h + 8) != j->gen ||
-      data_len != want) {
-    j->result = KVT_ENOTFOUND; /* another generation, or torn */
+  const int s = rd_part_check(h, hn, &j->op->key, j->total, j->gen, i, &j->want_hash);
+  if (s == RD_HDR_OTHER_KEY) {
+    j->result = KVT_ENOTFOUND; /* another generation's: a PUT replaced it since */
+    return 0;
+  }
+  if (s != RD_HDR_OK || data_len != want) {
+    corrupt(st, j, i,
+            s != RD_HDR_OK ? "part header checksum mismatch (damaged, or another "
+                             "key's or value's part)"
+                           : "part length differs from the header's");
     return 0;
   }
   return 1;
@@ -450,10 +479,8 @@ static int check_part(rd_job *j, const uint8_t *h, uint64_t data_len) {
 static int read_get(rd_state *st, rd_conn *c, rd_job *j) {
   uint8_t h[RD_HDR];
   int64_t blen;
-  const int rc = read_bulk(st, c, j, RD_HDR, h, check_main, j->op->buf, &blen);
+  const int rc = read_bulk(st, c, j, 0, RD_HDR, h, check_main, j->op->buf, &blen);
   if (!rc && blen < 0 && !j->result && !j->redirect)
-    j->result = KVT_ENOTFOUND;
-  if (!rc && blen >= 0 && blen < (int64_t)RD_HDR && !j->result)
     j->result = KVT_ENOTFOUND;
   return rc;
 }
@@ -466,9 +493,7 @@ static int read_hdr(rd_state *st, rd_conn *c, rd_job *j, int *nil) {
   int rc = read_asking(st, c, j);
   if (!rc)
     rc = read_small(st, c, j, &type, &num, j->old, sizeof(j->old), &blen);
-  uint64_t g, t, p;
-  uint32_t n;
-  j->old_valid = !rc && type == '$' && blen == RD_HDR && hdr_parse(j->old, &g, &t, &n, &p);
+  old_keep(j, rc, type, blen);
   *nil = !rc && type == '$' && blen < 0;
   return rc;
 }
@@ -502,9 +527,7 @@ static int read_tx(rd_state *st, rd_conn *c, rd_job *j, int64_t *num) {
   const int saved = j->result;
   rc = read_small(st, c, j, &type, &n, j->old, sizeof(j->old), &blen);
   j->result = saved;
-  uint64_t g, t, p;
-  uint32_t np;
-  j->old_valid = !rc && type == '$' && blen == RD_HDR && hdr_parse(j->old, &g, &t, &np, &p);
+  old_keep(j, rc, type, blen);
   return rc ? rc : read_small(st, c, j, &type, num, NULL, 0, &blen);
 }
 
@@ -545,12 +568,10 @@ static int read_phase1(rd_state *st, rd_conn *c, rd_job *j) {
   case KVT_TIER_QUERY:
     rc = read_hdr(st, c, j, &nil);
     if (!rc && !j->result && !j->redirect) {
-      uint64_t g, p;
-      uint32_t n;
-      if (j->old_valid && hdr_parse(j->old, &g, &j->op->out_len, &n, &p))
-        j->result = 0;
-      else
-        j->result = KVT_ENOTFOUND;
+      rd_hdr v; /* only a header of ours for this key, checksum and all */
+      const int ok = rd_hdr_check(j->old, (size_t)j->old_len, &j->op->key, &v) == RD_HDR_OK;
+      j->op->out_len = ok ? v.total : 0;
+      j->result = ok ? 0 : KVT_ENOTFOUND;
     }
     j->old_valid = 0;
     return rc;
@@ -591,8 +612,8 @@ static int read_phase2(rd_state *st, rd_conn *c, rd_job *j) {
     uint8_t h[RD_PHDR];
     int64_t blen;
     j->phase2 = (int)i;
-    rc = read_bulk(st, c, j, RD_PHDR, h, check_part, (uint8_t *)j->op->buf + (uint64_t)i * j->psz,
-                   &blen);
+    rc = read_bulk(st, c, j, i, RD_PHDR, h, check_part,
+                   (uint8_t *)j->op->buf + (uint64_t)i * j->psz, &blen);
     if (!rc && blen < (int64_t)RD_PHDR && !j->result && !j->redirect)
       j->result = KVT_ENOTFOUND; /* a part is gone (evicted, expired, deleted) */
   }
@@ -735,7 +756,7 @@ static void job_prepare(rd_state *st, rd_job *j, kvt_tier_op *op, uint64_t *rng)
   uint64_t fit = (op->len + RD_MAX_PARTS - 1) / RD_MAX_PARTS; /* the header says psz */
   fit = fit < (511ull << 20) ? fit : 511ull << 20;              /* Redis' bulk limit */
   j->psz = fit > st->part ? fit : st->part;
-  j->nparts = parts_of(op->len, j->psz);
+  j->nparts = rd_parts_of(op->len, j->psz);
   j->cost = cost_of(op->len);
   if (j->nparts > RD_MAX_PARTS) { /* above 511 GiB */
     j->result = -ENOSPC;

@@ -15,15 +15,31 @@ KvtierWorker (worker.py) on each rank, each rank with its own kvtier cache
 and payloads under its own fingerprint (config.py).
 """
 
-from .config import VLLM_VERSION, PluginConfig, Refused, check_kv_cache, chunk_key_of
-from .connector import KvtierConnector, KvtierConnectorMetadata, KvtierWorkerMetadata
-from .manager import KvtierLoadSpec, KvtierManager, KvtierStoreSpec
-from .spec import DeviceSpec, KvtierOffloadingSpec
-from .worker import KVDevice, KvtierTransferResult, KvtierWorker
+from typing import Any
 
-__all__ = [
-    "VLLM_VERSION", "DeviceSpec", "KVDevice", "KvtierConnector", "KvtierConnectorMetadata",
-    "KvtierLoadSpec", "KvtierManager", "KvtierOffloadingSpec", "KvtierStoreSpec",
-    "KvtierTransferResult", "KvtierWorker", "KvtierWorkerMetadata", "PluginConfig", "Refused",
-    "check_kv_cache", "chunk_key_of",
-]
+# The names below are imported on first use (PEP 562): vLLM is needed only by
+# the ones that subclass its classes, so kvtier.vllm.cuda (the CUDA device)
+# and kvtier.vllm.config import without it.
+_WHERE = {
+    "VLLM_VERSION": "config", "PluginConfig": "config", "Refused": "config",
+    "check_kv_cache": "config", "chunk_key_of": "config",
+    "KvtierConnector": "connector", "KvtierConnectorMetadata": "connector",
+    "KvtierWorkerMetadata": "connector",
+    "KvtierLoadSpec": "manager", "KvtierManager": "manager", "KvtierStoreSpec": "manager",
+    "DeviceSpec": "spec", "KvtierOffloadingSpec": "spec",
+    "KVDevice": "worker", "KvtierTransferResult": "worker", "KvtierWorker": "worker",
+    "CudaDevice": "cuda",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvtier.vllm' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -35,6 +35,7 @@ class DeviceSpec:
     tp_rank: int
     tp_size: int
     kv_cache_layout: Optional[str]  # vLLM's resolved layout name ("LBHNC", ...)
+    threads: int = 2  # the worker's transfer threads (each calls the device)
 
 
 def _load_factory(path: str) -> Callable[[DeviceSpec], KVDevice]:
@@ -46,11 +47,9 @@ def _load_factory(path: str) -> Callable[[DeviceSpec], KVDevice]:
 
 
 def _cuda_device(spec: DeviceSpec) -> KVDevice:
-    # kvtier.gpu's paged-KV handle over torch CUDA tensors is built apart from
-    # this plug-in; until the two are joined, a device must be named.
-    raise Refused("kvtier.vllm: no KV device: the CUDA device over kvtier.gpu's paged-KV "
-                  "handle is not part of this build yet; name a device factory with the "
-                  "\"device\" key of kv_connector_extra_config (kvtier.vllm.worker.KVDevice)")
+    from .cuda import CudaDevice
+
+    return CudaDevice(spec.layers, spec.shape, spec.codec, spec.fingerprint, spec.threads)
 
 
 class KvtierOffloadingSpec(OffloadingSpec):
@@ -103,7 +102,8 @@ class KvtierOffloadingSpec(OffloadingSpec):
         dev_spec = DeviceSpec(layers=[kv_caches[n] for n in self.shape.layer_names],
                               shape=self.shape, codec=self.plugin.codec, fingerprint=fp,
                               tp_rank=p.rank, tp_size=p.tp_size,
-                              kv_cache_layout=self.config.kv_cache_layout)
+                              kv_cache_layout=self.config.kv_cache_layout,
+                              threads=self.plugin.threads)
         factory = _load_factory(self.plugin.device) if self.plugin.device else _cuda_device
         device = factory(dev_spec)
         tiers = self.plugin.rank_tiers(p.rank, p.tp_size, p.world_size, p.data_parallel_index,

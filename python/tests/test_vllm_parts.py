@@ -262,3 +262,26 @@ def test_worker_reports_a_foreign_payload_as_a_failed_load(worker, tmp_path) -> 
     assert worker.stats.reasons == {"KVT_EFOREIGN": 1}
     for t, old in zip(worker.device.layers, before):
         np.testing.assert_array_equal(t, old)  # nothing written
+
+
+def test_worker_reports_of_two_ranks_aggregate_before_the_manager_reads_them() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+        OffloadingWorkerMetadata)
+    from kvtier.vllm import KvtierWorkerMetadata
+
+    a, b, c = _keys(3, salt=7)
+    rank0 = KvtierWorkerMetadata(completed_jobs={1: 1}, probe_answered={a: 1, b: 1},
+                                 probe_held={a: 1, b: 1}, failed_store_keys={c})
+    rank1 = KvtierWorkerMetadata(completed_jobs={1: 1}, probe_answered={a: 1, b: 1},
+                                 probe_held={a: 1}, failed_load_keys={b})
+    both = rank0.aggregate(rank1).aggregate(OffloadingWorkerMetadata(completed_jobs={2: 1}))
+    assert isinstance(both, KvtierWorkerMetadata)
+    assert both.completed_jobs == {1: 2, 2: 1}
+    assert both.probe_answered == {a: 2, b: 2} and both.probe_held == {a: 2, b: 1}
+    assert both.failed_store_keys == {c} and both.failed_load_keys == {b}
+    m = KvtierManager(num_workers=2, chunk_tokens=16)
+    ctx = ReqContext(req_id="a")
+    m.lookup(a, ctx), m.lookup(b, ctx)
+    m.take_probes()
+    m.on_probe_answers(both.probe_answered, both.probe_held)
+    assert m.lookup(a, ctx) is LookupResult.HIT and m.lookup(b, ctx) is LookupResult.MISS

@@ -155,6 +155,21 @@ def test_manager_stores_become_hits_unless_a_rank_failed() -> None:
     assert isinstance(spec, KvtierLoadSpec) and spec.keys == [a]
 
 
+def test_manager_asks_again_when_no_worker_answered(monkeypatch) -> None:
+    import kvtier.vllm.manager as mm
+
+    m = KvtierManager(num_workers=1, chunk_tokens=16)
+    ctx = ReqContext(req_id="a")
+    (a,) = _keys(1, salt=8)
+    m.lookup(a, ctx)
+    assert m.take_probes() == [a]
+    m.lookup(a, ctx)
+    assert m.take_probes() == []  # in flight
+    monkeypatch.setattr(mm, "PROBE_TIMEOUT_S", 0.0)
+    m.lookup(a, ctx)
+    assert m.take_probes() == [a]  # unanswered too long: sent again
+
+
 def test_manager_forgets_absent_keys_of_shared_tiers_after_the_ttl() -> None:
     m = KvtierManager(num_workers=1, chunk_tokens=16, absent_ttl_s=0.0)
     ctx = ReqContext(req_id="a")

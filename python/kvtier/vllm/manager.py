@@ -72,8 +72,14 @@ class _ReqKeys:
 
 @dataclass
 class _Probe:
+    sent: float  # time.monotonic() when it left in a step's metadata
     ranks: int = 0  # ranks that answered
     held: int = 0  # ranks that hold the payload
+
+
+# A probe no worker answered in this long is sent again (a step's output
+# lost, a worker restarted): the request waiting on it would wait forever.
+PROBE_TIMEOUT_S = 10.0
 
 
 class KvtierManager(OffloadingManager):
@@ -148,7 +154,9 @@ class KvtierManager(OffloadingManager):
             if expiry > time.monotonic():
                 return LookupResult.MISS
             del self._absent[key]
-        if key not in self._asked:
+        probe = self._asked.get(key)
+        if probe is None or time.monotonic() - probe.sent > PROBE_TIMEOUT_S:
+            self._asked.pop(key, None)
             self._wanted[key] = None
         return LookupResult.RETRY
 
@@ -201,8 +209,9 @@ class KvtierManager(OffloadingManager):
         """Keys to ask the workers about in this step's metadata."""
         keys = list(self._wanted)
         self._wanted.clear()
+        now = time.monotonic()
         for key in keys:
-            self._asked[key] = _Probe()
+            self._asked[key] = _Probe(sent=now)
         return keys
 
     def on_probe_answers(self, answered: Dict[OffloadKey, int], held: Dict[OffloadKey, int]) -> None:

@@ -83,15 +83,17 @@ def test_prefix_hits_stop_at_the_first_different_block(model_dir) -> None:
     eng.shutdown()
 
 
-def test_restarted_engine_finds_its_nvme_payloads(model_dir, tmp_path) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_restarted_engine_finds_its_nvme_payloads(model_dir, tmp_path, async_scheduling) -> None:
     tiers = {"tiers": f"dram:4MiB;nvme:{tmp_path}/nvme:64MiB"}
-    eng = vs.make_engine(model_dir, tiers)
+    eng = vs.make_engine(model_dir, tiers, async_scheduling=async_scheduling)
     p = prompt(3, 4)
     eng.add(p)
     eng.run()
     eng.shutdown()
 
-    eng = vs.make_engine(model_dir, tiers)  # a new scheduler, worker and cache
+    # a new scheduler, worker and cache
+    eng = vs.make_engine(model_dir, tiers, async_scheduling=async_scheduling)
     assert not eng.manager._held
     req = eng.add(p + [1, 2])
     out = eng.step()
@@ -111,9 +113,11 @@ def _corrupt(root: Path, key) -> None:
     f.write_bytes(bytes(data))
 
 
-def test_corrupt_payload_is_a_failed_load_that_vllm_recomputes(model_dir, tmp_path) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_corrupt_payload_is_a_failed_load_that_vllm_recomputes(model_dir, tmp_path,
+                                                               async_scheduling) -> None:
     tiers = {"tiers": f"nvme:{tmp_path}/nvme:64MiB", "codec": "raw"}
-    eng = vs.make_engine(model_dir, tiers)
+    eng = vs.make_engine(model_dir, tiers, async_scheduling=async_scheduling)
     p = prompt(2, 5)
     req = eng.add(p)
     eng.run()
@@ -121,7 +125,7 @@ def test_corrupt_payload_is_a_failed_load_that_vllm_recomputes(model_dir, tmp_pa
     eng.shutdown()
     _corrupt(tmp_path / "nvme", second)
 
-    eng = vs.make_engine(model_dir, tiers)
+    eng = vs.make_engine(model_dir, tiers, async_scheduling=async_scheduling)
     req = eng.add(p + [1])
     eng.run()
     # The nvme tier checks a hash of the whole payload on every read; the
@@ -136,7 +140,7 @@ def test_corrupt_payload_is_a_failed_load_that_vllm_recomputes(model_dir, tmp_pa
     eng.shutdown()
 
     # The recomputed block was stored again, whole: the next engine loads both.
-    eng = vs.make_engine(model_dir, tiers)
+    eng = vs.make_engine(model_dir, tiers, async_scheduling=async_scheduling)
     req = eng.add(p + [1])
     eng.run()
     assert eng.device().loads == 2 and eng.kv_worker.stats.failed_loads == 0

@@ -8,24 +8,29 @@
 #   ./bootstrap.sh build    install and build only
 #   ./bootstrap.sh python   build, bundle libkvtier into python/kvtier/_lib/, pip-install
 #                           the Python package into the venv below, run its tests
+#   ./bootstrap.sh vllm     build, the venv of the vLLM plug-in (kvtier.vllm) with
+#                           vLLM 0.33.0 and torch (several GB, once), its tests
 #
 # Environment: BUILD_DIR (default build, build-asan, build-tsan), JOBS (default:
 # the number of cores), KVT_CMAKE_ARGS (extra cmake arguments), KVT_VENV (the
 # Python venv for the binding's tests, outside the clone; default
-# ~/.cache/kvtier/venv-py, made by `test` and `python`). With CI=true,
-# warnings are errors.
+# ~/.cache/kvtier/venv-py, made by `test` and `python`), KVT_VLLM_VENV (the
+# vLLM plug-in's, default ~/.cache/kvtier/venv-vllm, made by `test` and
+# `vllm`; KVT_SKIP_VLLM=1 keeps `test` from making it, and its tests skip),
+# KVT_WHEELS (a folder of wheels pip looks in first, default
+# ~/.cache/kvtier/wheels). With CI=true, warnings are errors.
 set -euo pipefail
 
 cd "$(dirname "$0")"
 mode=${1:-demo}
 case "$mode" in
-  demo | test | asan | tsan | build | python) ;;
+  demo | test | asan | tsan | build | python | vllm) ;;
   -h | --help)
-    sed -n '2,18p' "$0"
+    sed -n '2,21p' "$0"
     exit 0
     ;;
   *)
-    echo "bootstrap.sh: unknown mode '$mode' (demo, test, asan, tsan, build, python)" >&2
+    echo "bootstrap.sh: unknown mode '$mode' (demo, test, asan, tsan, build, python, vllm)" >&2
     exit 2
     ;;
 esac
@@ -88,9 +93,36 @@ python_env() {
   fi
 }
 
+# The vLLM plug-in's venv (ctest's test_vllm skips without it): vLLM, pinned
+# with its torch and the rest by python/requirements-vllm.txt, several GB from
+# PyPI; installed again only when that file changes (a copy of it in the venv
+# is the stamp).
+vllm_venv=${KVT_VLLM_VENV:-${HOME:-/root}/.cache/kvtier/venv-vllm}
+vllm_env() {
+  local req=python/requirements-vllm.txt stamp=$vllm_venv/.kvtier-requirements
+  local wheels=${KVT_WHEELS:-${HOME:-/root}/.cache/kvtier/wheels} links=()
+  [ -d "$wheels" ] && links=(--find-links "$wheels")
+  if ! [ -x "$vllm_venv/bin/python" ]; then
+    echo "bootstrap.sh: creating the vLLM venv $vllm_venv"
+    python3 -m venv "$vllm_venv"
+  fi
+  if ! cmp -s "$req" "$stamp"; then
+    echo "bootstrap.sh: installing $req into $vllm_venv (vLLM and torch: several GB, once)"
+    local t0=$SECONDS
+    "$vllm_venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      --progress-bar off "${links[@]}" -r "$req"
+    cp "$req" "$stamp"
+    echo "bootstrap.sh: vLLM venv installed in $((SECONDS - t0)) s"
+  fi
+}
+
 case "$mode" in
   demo)
     exec "$build/programs/kvtier" demo
+    ;;
+  vllm)
+    vllm_env
+    exec ctest --test-dir "$build" --output-on-failure -R '^test_vllm$'
     ;;
   python)
     python_env
@@ -105,7 +137,10 @@ case "$mode" in
       "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$OLDPWD/python/tests"
     ;;
   test | asan)
-    [ "$mode" = asan ] || python_env
+    if [ "$mode" = test ]; then
+      python_env
+      [ "${KVT_SKIP_VLLM:-0}" = 1 ] || vllm_env
+    fi
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
     exec ctest --test-dir "$build" --output-on-failure -j "$jobs"

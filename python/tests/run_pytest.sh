@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# python/tests/run_pytest.sh LIBRARY SONAME CLI|none SANITIZE - ctest's test_python.
+# python/tests/run_pytest.sh LIBRARY SONAME CLI|none SANITIZE [all|vllm] - ctest's
+# test_python and test_vllm.
 # Installs the package as a user would (pip install, with LIBRARY bundled in
 # kvtier/_lib/ as SONAME) into a temporary directory, then runs python/tests
 # against that copy, with CLI as the `kvtier` tool for the equality tests.
 # Skips (77) where the venv of bootstrap.sh is missing (KVT_VENV, default
 # ~/.cache/kvtier/venv-py) and in sanitizer builds (Python would need the
-# sanitizer runtime preloaded).
+# sanitizer runtime preloaded). With "vllm", runs the vLLM plug-in's tests
+# (test_vllm_*.py) in the venv of `./bootstrap.sh vllm` (KVT_VLLM_VENV,
+# default ~/.cache/kvtier/venv-vllm) instead.
 set -euo pipefail
-lib=$1 soname=$2 cli=$3 sanitize=${4:-OFF}
+lib=$1 soname=$2 cli=$3 sanitize=${4:-OFF} suite=${5:-all}
 [ "$cli" = none ] && cli=""  # the tests that need the CLI skip
 case "$sanitize" in
   ON | on | 1 | TRUE | true)
@@ -15,14 +18,23 @@ case "$sanitize" in
     exit 77
     ;;
 esac
-venv=${KVT_VENV:-${HOME:-/root}/.cache/kvtier/venv-py}
+src=$(cd "$(dirname "$0")/.." && pwd)
+targets=("$src/tests")
+if [ "$suite" = vllm ]; then
+  venv=${KVT_VLLM_VENV:-${HOME:-/root}/.cache/kvtier/venv-vllm}
+  need='import numpy, pytest, setuptools, vllm'
+  made_by="'./bootstrap.sh vllm' (or 'test') creates it (python/requirements-vllm.txt)"
+  targets=("$src"/tests/test_vllm_*.py)
+else
+  venv=${KVT_VENV:-${HOME:-/root}/.cache/kvtier/venv-py}
+  need='import numpy, pytest, setuptools'
+  made_by="'./bootstrap.sh test' creates it (python/requirements-test.txt)"
+fi
 py=$venv/bin/python
-if ! [ -x "$py" ] || ! "$py" -c 'import numpy, pytest, setuptools' 2>/dev/null; then
-  echo "skipped: no venv with numpy, pytest and setuptools at $venv;" \
-       "'./bootstrap.sh test' creates it (python/requirements-test.txt)"
+if ! [ -x "$py" ] || ! "$py" -c "$need" 2>/dev/null; then
+  echo "skipped: no venv where '$need' works at $venv; $made_by"
   exit 77
 fi
-src=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/src"
@@ -38,4 +50,4 @@ done
 cd "$tmp"
 env -u KVTIER_LIBRARY PYTHONPATH="$tmp/site" PYTHONDONTWRITEBYTECODE=1 KVTIER_CLI="$cli" \
   KVTIER_EXPECT_BUNDLED=1 "$py" -m pytest -q -rs -p no:cacheprovider --basetemp="$tmp/pytest" \
-  "$src/tests"
+  "${targets[@]}"

@@ -1,0 +1,88 @@
+"""CudaDevice: the plug-in worker's KVDevice (kvtier.vllm.worker) over
+kvtier.gpu.PagedKV, the fused GPU store and load on vLLM's per-layer CUDA
+tensors. Imports neither vLLM nor, until a device is made, torch.
+
+Each transfer thread of the worker gets its own CUDA stream and page-locked
+host buffer. A store's stream first waits for the event taken on the
+engine's stream when the store was submitted, so it reads the blocks after
+the forward pass that wrote them; store() and load() return once the
+payload is sealed or the KV written (the worker reports a job only then).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .. import gpu
+from ..errors import Error, ErrorCode
+from ..keys import Key
+from .config import CacheShape
+
+
+class CudaDevice:
+    """KVDevice over vLLM's per-layer caches [num_blocks, heads, block_size,
+    2*head_dim] (layout "vllm": any of vLLM 0.33's KVCacheLayouts), with
+    `codec` and `fingerprint` fixed. Raises kvtier.Error (KVT_ENOTSUP: fp8,
+    MLA, no CUDA; KVT_ESHAPE: another shape) when the tensors do not fit."""
+
+    def __init__(self, layers: Sequence[Any], shape: CacheShape, codec: str, fingerprint: Key,
+                 threads: int = 2) -> None:
+        t0 = layers[0]
+        if t0.dim() == 4 and t0.shape[0] != shape.num_blocks:
+            raise Error(ErrorCode.ENOTSUP, detail=f"{t0.shape[0]} kernel blocks for "
+                        f"{shape.num_blocks} vLLM blocks: kernel block sizes smaller than the "
+                        "block size are not supported")
+        self.kv = gpu.PagedKV(list(layers), layout="vllm", head_dim=shape.head_dim,
+                              model_layers=shape.layers, store_handles=max(4, threads))
+        if self.kv.block_size != shape.block_size or self.kv.heads != shape.kv_heads:
+            raise Error(ErrorCode.ESHAPE, detail=f"tensors of {self.kv.heads} heads x "
+                        f"{self.kv.block_size} tokens per block; vLLM's spec says "
+                        f"{shape.kv_heads} x {shape.block_size}")
+        self.codec = codec
+        self.fingerprint = fingerprint
+        self._local = threading.local()
+        self._torch = gpu._torch()
+
+    def _stream(self) -> Any:
+        s = getattr(self._local, "stream", None)
+        if s is None:
+            s = self._local.stream = self._torch.cuda.Stream(self.kv.device)
+        return s
+
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        # One buffer per transfer thread: the worker replaces a thread's buffer
+        # only between its transfers, so the one replaced is no longer in use.
+        old: Optional[gpu.PinnedBuffer] = getattr(self._local, "buf", None)
+        buf = self._local.buf = gpu.PinnedBuffer(nbytes)
+        if old is not None:
+            old.close()
+        return buf.array
+
+    def mark(self) -> Any:
+        torch = self._torch
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.kv.device))
+        return ev
+
+    def store(self, block_ids: Sequence[int], out: np.ndarray, *, key: Key, after: Any) -> int:
+        s = self._stream()
+        if after is not None:
+            s.wait_event(after)
+        need = self.kv.store_bound(len(block_ids) * self.kv.block_size, self.codec)
+        if need > out.size:
+            raise Error(ErrorCode.ENOBUFS, detail=f"a payload of {need} bytes, buffer {out.size}")
+        return self.kv.store(list(block_ids), out[:need], codec=self.codec, key=key,
+                             fingerprint=self.fingerprint, stream=s)
+
+    def load(self, payload: np.ndarray, block_ids: Sequence[int], *, key: Key) -> None:
+        torch = self._torch
+        s = self._stream()
+        with torch.cuda.stream(s):
+            # A CUDA tensor of ids is taken as it is: the slots of a -1 block are
+            # negative, and the load kernel skips slots outside the cache.
+            ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.kv.device)
+        self.kv.load(payload, ids, expect_key=key, expect_fingerprint=self.fingerprint,
+                     stream=s).wait()

@@ -1,0 +1,312 @@
+"""The worker side of the kvtier vLLM plug-in: an OffloadingWorker
+(vllm/v1/kv_offload/base.py:657 in vLLM 0.33.0) that moves chunks between the
+engine's paged KV cache and this rank's kvtier cache.
+
+A store compresses a chunk's blocks on the device into a host buffer (the
+fused store kernel, codec from the config) and puts the payload into the
+cache; a load gets the payload and has the device decode it into the
+destination blocks (the fused load kernel). Jobs run on a small thread
+pool, so submit_store/submit_load return at once; the device work is the
+KVDevice's (kvtier.gpu's CUDA handle, or any object with its methods).
+
+A load that finds its payload missing, corrupt (checksums), foreign (another
+model's fingerprint or another key) or of the wrong shape fails as a whole:
+its TransferResult says success=False and names the chunks and the engine
+blocks that were not written, and KvtierConnector reports them so vLLM
+recomputes those tokens. Nothing is written from a payload that failed its
+checks (the device verifies before it writes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Set
+
+import numpy as np
+from vllm.v1.kv_offload.base import (
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingWorker,
+    OffloadKey,
+    TransferResult,
+)
+
+from ..cache import Cache
+from ..errors import Error, ErrorCode
+from ..keys import Key
+from .config import chunk_key_of
+from .manager import KvtierLoadSpec, KvtierStoreSpec
+
+log = logging.getLogger("kvtier.vllm")
+
+
+class KVDevice(Protocol):
+    """What the worker needs from the device that holds the engine's KV cache.
+
+    One object per worker, built over vLLM's per-layer KV tensors, with the
+    codec and this rank's fingerprint fixed at construction. block_ids lists
+    the engine blocks of one chunk in token order; -1 leaves that block out
+    (a load then skips its tokens of the payload). Calls come from the
+    worker's transfer threads, at most one call at a time per thread.
+    """
+
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """A uint8 numpy array of nbytes over host memory the device reads and
+        writes directly (page-locked memory for a GPU)."""
+        ...
+
+    def mark(self) -> Any:
+        """A point on the engine's current stream, taken when a store is
+        submitted: the store must read the blocks after the work before it."""
+        ...
+
+    def store(self, block_ids: Sequence[int], out: np.ndarray, *, key: Key, after: Any) -> int:
+        """Encodes the chunk's blocks, after `after`, into out as a payload
+        under key; returns its length once it is complete. Raises
+        kvtier.Error (KVT_ENOBUFS when out is too small, KVT_ENONFINITE...)."""
+        ...
+
+    def load(self, payload: np.ndarray, block_ids: Sequence[int], *, key: Key) -> None:
+        """Checks payload (header, key, fingerprint, shape, checksums) and
+        writes its tokens into the blocks; returns once they are written.
+        Raises kvtier.Error, having written nothing, if a check fails."""
+        ...
+
+
+class KvtierTransferResult(TransferResult):
+    """A TransferResult with what a failed job left undone."""
+
+    def __init__(self, job_id: int, success: bool, transfer_size: Optional[int] = None,
+                 transfer_time: Optional[float] = None,
+                 failed_keys: Sequence[OffloadKey] = (),
+                 invalid_block_ids: Sequence[int] = ()) -> None:
+        super().__init__(job_id=job_id, success=success, transfer_size=transfer_size,
+                         transfer_time=transfer_time)
+        self.failed_keys: List[OffloadKey] = list(failed_keys)
+        self.invalid_block_ids: List[int] = list(invalid_block_ids)
+
+
+@dataclass
+class _Local:
+    """A transfer thread's host buffer, grown as payloads need."""
+
+    buf: Optional[np.ndarray] = None
+
+
+@dataclass
+class _Stats:
+    stores: int = 0
+    loads: int = 0
+    failed_loads: int = 0
+    failed_stores: int = 0
+    reasons: Dict[str, int] = field(default_factory=dict)
+
+
+def chunk_blocks(spec: GPULoadStoreSpec, nchunks: int, blocks_per_chunk: int) -> List[List[int]]:
+    """The engine blocks of each chunk, -1 where the chunk's block is not in
+    the spec: a load may start inside its first chunk (block_indices[0] is
+    the request's block index of block_ids[0]) and end inside its last."""
+    ids = [int(b) for b in spec.block_ids]
+    first = int(spec.block_indices[0]) % blocks_per_chunk if len(spec.block_indices) else 0
+    padded = [-1] * first + ids
+    padded += [-1] * (nchunks * blocks_per_chunk - len(padded))
+    if len(padded) != nchunks * blocks_per_chunk:
+        raise ValueError(f"{len(ids)} blocks from offset {first} do not fit {nchunks} chunks "
+                         f"of {blocks_per_chunk} blocks")
+    return [padded[i * blocks_per_chunk:(i + 1) * blocks_per_chunk] for i in range(nchunks)]
+
+
+class KvtierWorker(OffloadingWorker):
+    """OffloadingWorker over one rank's kvtier cache and KV device.
+
+    cache: the rank's Cache (opened with the rank's fingerprint); owned.
+    fingerprint: the rank's model fingerprint (kvtier.vllm.config).
+    chunk_tokens, blocks_per_chunk: the offloaded chunk's size.
+    """
+
+    def __init__(self, device: KVDevice, cache: Cache, fingerprint: Key, chunk_tokens: int,
+                 blocks_per_chunk: int, threads: int = 2) -> None:
+        self.device = device
+        self.cache = cache
+        self.fingerprint = fingerprint
+        self.chunk_tokens = chunk_tokens
+        self.blocks_per_chunk = blocks_per_chunk
+        self.stats = _Stats()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvtier-vllm")
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._jobs: Dict[int, Future[KvtierTransferResult]] = {}
+        self._done: List[KvtierTransferResult] = []
+
+    def key(self, offload_key: OffloadKey) -> Key:
+        return chunk_key_of(self.fingerprint, offload_key, self.chunk_tokens)
+
+    # --- OffloadingWorker ------------------------------------------------------
+
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        assert isinstance(dst_spec, KvtierStoreSpec), dst_spec
+        blocks = chunk_blocks(src_spec, len(dst_spec.keys), self.blocks_per_chunk)
+        after = self.device.mark()
+        self._submit(job_id, self._store, job_id, dst_spec, blocks, after)
+        return True
+
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
+                    expedited: bool = False) -> bool:
+        assert isinstance(src_spec, KvtierLoadSpec), src_spec
+        blocks = chunk_blocks(dst_spec, len(src_spec.keys), self.blocks_per_chunk)
+        self._submit(job_id, self._load, job_id, src_spec, blocks)
+        return True
+
+    def get_finished(self) -> List[TransferResult]:
+        with self._lock:
+            done, self._done = self._done, []
+        return list(done)
+
+    def wait(self, job_ids: Set[int]) -> None:
+        with self._lock:
+            futures = [self._jobs[j] for j in job_ids if j in self._jobs]
+        for f in futures:
+            f.exception()  # waits; a raising job already queued its result
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.cache.close()
+
+    # --- probes (KvtierConnector) -------------------------------------------------
+
+    def probe(self, keys: Sequence[OffloadKey]) -> Set[OffloadKey]:
+        """The keys whose payload this rank's cache holds (asking shared tiers
+        about those it does not index)."""
+        held = set()
+        for okey in keys:
+            try:
+                if self.cache.lookup_keys([self.key(okey)]) == 1:
+                    held.add(okey)
+            except Error as e:  # a tier that cannot answer: not held
+                log.warning("kvtier.vllm: probe of a chunk failed: %s", e)
+        return held
+
+    # --- jobs ----------------------------------------------------------------------
+
+    def _submit(self, job_id: int, fn: Any, *args: Any) -> None:
+        with self._lock:
+            fut = self._pool.submit(self._run, fn, *args)
+            self._jobs[job_id] = fut
+
+    def _run(self, fn: Any, job_id: int, *args: Any) -> KvtierTransferResult:
+        t0 = time.perf_counter()
+        try:
+            result: KvtierTransferResult = fn(job_id, *args)
+        except Exception as e:  # a bug, not a payload: still report the job
+            log.exception("kvtier.vllm: job %d failed", job_id)
+            keys = list(getattr(args[0], "keys", []))
+            blocks = [b for chunk in args[1] for b in chunk if b >= 0]
+            result = KvtierTransferResult(job_id, False, failed_keys=keys,
+                                          invalid_block_ids=blocks)
+            self._reason(type(e).__name__)
+        result.transfer_time = time.perf_counter() - t0
+        with self._lock:
+            self._done.append(result)
+            self._jobs.pop(job_id, None)
+        return result
+
+    def _reason(self, name: str) -> None:
+        with self._lock:
+            self.stats.reasons[name] = self.stats.reasons.get(name, 0) + 1
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        local: _Local = getattr(self._local, "v", None) or _Local()
+        self._local.v = local
+        if local.buf is None or local.buf.size < nbytes:
+            size = max(nbytes, 2 * (local.buf.size if local.buf is not None else 0))
+            local.buf = self.device.host_buffer(size)
+        return local.buf
+
+    def _store(self, job_id: int, spec: KvtierStoreSpec, blocks: List[List[int]],
+               after: Any) -> KvtierTransferResult:
+        failed: List[OffloadKey] = []
+        nbytes = 0
+        for okey, prev, ids in zip(spec.keys, spec.prevs, blocks):
+            key = self.key(okey)
+            try:
+                if self.cache.query(key) is not None:
+                    continue  # held already (another engine, or before a restart)
+                n = self._store_chunk(ids, key, after)
+                self.cache.put(key, self._buffer(n)[:n],
+                               prev=self.key(prev) if prev is not None else None)
+                nbytes += n
+            except Error as e:
+                log.warning("kvtier.vllm: store of chunk %s failed: %s", key, e)
+                self._reason(e.name)
+                failed.append(okey)
+        with self._lock:
+            self.stats.stores += 1
+            self.stats.failed_stores += bool(failed)
+        return KvtierTransferResult(job_id, not failed, transfer_size=nbytes, failed_keys=failed)
+
+    def _store_chunk(self, ids: List[int], key: Key, after: Any) -> int:
+        buf = self._buffer(1 << 20)
+        while True:
+            try:
+                return self.device.store(ids, buf, key=key, after=after)
+            except Error as e:
+                if e.code != ErrorCode.ENOBUFS or buf.size >= 1 << 34:
+                    raise
+                buf = self._buffer(2 * buf.size)
+
+    def _load(self, job_id: int, spec: KvtierLoadSpec, blocks: List[List[int]]) -> KvtierTransferResult:
+        nbytes = 0
+        for i, (okey, ids) in enumerate(zip(spec.keys, blocks)):
+            key = self.key(okey)
+            payload = None
+            try:
+                payload = self._get(key)
+                if payload is None:
+                    raise Error(ErrorCode.ENOTFOUND,
+                                detail=f"get {key}: no payload (evicted, or never stored)")
+                self.device.load(payload, ids, key=key)
+                nbytes += len(payload)
+            except Error as e:
+                if payload is not None:
+                    # The cache served it but the device refused it (a section
+                    # checksum, the shape): drop it, or the recomputed chunk's
+                    # store would find the key held and keep the bad payload.
+                    self._drop(key)
+                # This chunk and every later one stay unwritten: vLLM recomputes
+                # from the first invalid block on.
+                log.warning("kvtier.vllm: load of chunk %s failed, recomputing: %s", key, e)
+                self._reason(e.name)
+                invalid = [b for chunk in blocks[i:] for b in chunk if b >= 0]
+                with self._lock:
+                    self.stats.loads += 1
+                    self.stats.failed_loads += 1
+                return KvtierTransferResult(job_id, False, transfer_size=nbytes,
+                                            failed_keys=[okey], invalid_block_ids=invalid)
+        with self._lock:
+            self.stats.loads += 1
+        return KvtierTransferResult(job_id, True, transfer_size=nbytes)
+
+    def _drop(self, key: Key) -> None:
+        try:
+            self.cache.delete(key)
+        except Error as e:
+            log.warning("kvtier.vllm: could not delete refused payload %s: %s", key, e)
+
+    def _get(self, key: Key) -> Optional[np.ndarray]:
+        """The payload under key in this thread's host buffer, or None."""
+        size = self.cache.query(key)
+        if size is None:  # not indexed: a shared tier may hold it
+            data = self.cache.get(key)
+            if data is None:
+                return None
+            buf = self._buffer(len(data))
+            buf[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+            return buf[:len(data)]
+        buf = self._buffer(size[0])
+        n = self.cache.get_into(key, buf)
+        return None if n is None else buf[:n]
+

@@ -188,9 +188,8 @@ static void disk_round(crew *c, int *fifos) {
     }
   } else { /* a second process opens a live directory, as `kvtier store` does */
     const int slot = (int)ck_rand_below((uint64_t)c->n);
-    const pid_t pid = ck_intruder(ck_e.dir[c->sub][slot], (int)ck_rand_below(2));
-    if (pid > 0)
-      ck_wait(pid, 60000, "an intruder");
+    const pid_t pid = ck_intruder(ck_e.dir[c->sub][slot], (int)ck_rand_below(CK_NINTRUDER));
+    ck_wait_ok(pid, 60000, "an intruder");
   }
 }
 
@@ -216,7 +215,7 @@ static void test_cache_keeps_acknowledged_payloads_through_kill9_flips_and_plant
   (void)state;
   phase_now = "cache over dram and nvme";
   const snap before = snap_now();
-  disk_phase(CK_CACHE, ck_phase_budget(4, 0.15));
+  disk_phase(CK_CACHE, ck_phase_budget(3, 0.15));
   phase_end(&before);
 }
 
@@ -225,7 +224,7 @@ static void test_nvme_tier_keeps_acknowledged_values_through_kill9_faults_and_in
   (void)state;
   phase_now = "nvme tier";
   const snap before = snap_now();
-  disk_phase(CK_NVME, ck_phase_budget(5, 0.2));
+  disk_phase(CK_NVME, ck_phase_budget(4, 0.2));
   phase_end(&before);
 }
 
@@ -246,7 +245,7 @@ static void test_redis_tier_never_returns_flipped_or_planted_values(void **state
     fail_msg("redis-server did not start");
   ck_e.redis_port = rs.port;
   crew c = {.sub = CK_REDIS, .n = 2};
-  c.end_ms = ck_now_ms() + (int64_t)(ck_phase_budget(4, 0.15) * 1000);
+  c.end_ms = ck_now_ms() + (int64_t)(ck_phase_budget(3, 0.15) * 1000);
   for (int s = 0; s < c.n; s++)
     crew_start(&c, s);
   while (ck_now_ms() < c.end_ms - 400) {
@@ -281,9 +280,8 @@ static void server_round(crew *c, pid_t *srv) {
     *srv = ck_server_start((int)(c->end_ms - ck_now_ms()) / 1000 + 300);
     __atomic_store_n(&ck->outage, 0, __ATOMIC_SEQ_CST);
   } else { /* `kvtier store` on the server's live directory */
-    const pid_t pid = ck_intruder(ck_e.srv_dir, (int)ck_rand_below(2));
-    if (pid > 0)
-      ck_wait(pid, 60000, "an intruder");
+    const pid_t pid = ck_intruder(ck_e.srv_dir, (int)ck_rand_below(CK_NINTRUDER));
+    ck_wait_ok(pid, 60000, "an intruder");
   }
 }
 
@@ -295,7 +293,7 @@ static void test_server_keeps_acknowledged_values_through_kill9_and_disk_faults(
     skip();
   }
   const snap before = snap_now();
-  const double budget = ck_phase_budget(7, 0.25);
+  const double budget = ck_phase_budget(5, 0.25);
   __atomic_store_n(&ck->srv_port, 0, __ATOMIC_SEQ_CST);
   pid_t srv = ck_server_start((int)budget + 300);
   if (srv <= 0)
@@ -331,14 +329,19 @@ static int good_client_progressed(uint64_t before) {
 }
 
 static void hostile_step(int step, pid_t *srv) {
+  const int64_t t0 = ck_now_ms();
   const uint64_t before = __atomic_load_n(&ck->ok_ops[CK_FABRIC][2], __ATOMIC_SEQ_CST);
   int arg = step;
+  const uint32_t stalled = __atomic_load_n(&ck->stalled_ready, __ATOMIC_SEQ_CST);
   const pid_t pid = ck_spawn(ck_hostile_name[step], 180, ck_hostile_main, &arg);
-  if (step == H_STALLED_KILLED) {
-    ck_sleep_ms(2500);
+  if (step == H_STALLED_KILLED) { /* killed -9 once its transfers are stuck */
+    for (const int64_t end = ck_now_ms() + 20000;
+         __atomic_load_n(&ck->stalled_ready, __ATOMIC_SEQ_CST) == stalled && ck_now_ms() < end;)
+      ck_sleep_ms(20);
+    ck_sleep_ms(500);
     ck_kill9(pid, "a stalled client");
-  } else if (pid > 0) {
-    ck_wait(pid, 180000, ck_hostile_name[step]);
+  } else {
+    ck_wait_ok(pid, 180000, ck_hostile_name[step]);
   }
   int status;
   if (waitpid(*srv, &status, WNOHANG) == *srv) {
@@ -354,14 +357,16 @@ static void hostile_step(int step, pid_t *srv) {
   arg = CK_HOSTILE_SERVED + step; /* and a new client is served */
   const uint32_t failed = ck_checks_failed();
   const pid_t check = ck_spawn("a new client", 60, ck_hostile_main, &arg);
-  const int served = check > 0 && ck_wait(check, 60000, "a new client") == 0 &&
-                     ck_checks_failed() == failed;
+  const int served = ck_wait_ok(check, 60000, "a new client") && ck_checks_failed() == failed;
   if (!progressed || !served) { /* so that the next step starts on a server that works */
     ck_note("restarting the server after %s", ck_hostile_name[step]);
     ck_kill9(*srv, "the server");
     CK_ADD(server_kills, 1);
     *srv = ck_server_start(600);
   }
+  if (ck_opt.verbose)
+    printf("campaign: hostile step '%s' took %lld ms\n", ck_hostile_name[step],
+           (long long)(ck_now_ms() - t0));
 }
 
 static void test_server_serves_a_well_behaved_client_through_hostile_clients(void **state) {

@@ -130,6 +130,7 @@ typedef struct ck_shm {
   uint64_t ok_ops[CK_NSUB][CK_SLOTS];
   int64_t last_ok_ms[CK_NSUB][CK_SLOTS];
   int64_t max_gap_ms[CK_NSUB][CK_SLOTS]; /* longest time between two successes */
+  uint32_t stalled_ready; /* a stalled client has sent its requests (then it is killed) */
   uint32_t outage; /* 1 while the parent has the server down: failures are expected */
   /* The server child. */
   int srv_port;
@@ -225,6 +226,9 @@ pid_t ck_spawn(const char *what, int limit_s, ck_child_fn fn, void *arg);
  * a signal ended it (a crash or a hang: counted, with a note), or -1 when
  * it did not end in time (then it is killed and counted as a hang). */
 int ck_wait(pid_t pid, int timeout_ms, const char *what);
+/* ck_wait, and the check "every process ends normally" (exit 0). Returns
+ * whether it did. */
+int ck_wait_ok(pid_t pid, int timeout_ms, const char *what);
 /* SIGKILL and reap. Returns 0, or the child's earlier end (it had already
  * exited: counted as a crash when abnormal). */
 int ck_kill9(pid_t pid, const char *what);
@@ -297,9 +301,11 @@ void ck_plant_fifo(int sub, int slot, char *path, size_t cap);
 void ck_plant_junk(int sub, int slot);
 
 /* Intruders: a second process opening a live directory, as `kvtier store`
- * does (kvt_tier_open; or kvt_cache_open and a get of every key). Returns
- * the child's pid. */
-pid_t ck_intruder(const char *dir, int as_cache);
+ * does (a tier, or a cache and a get of every key), as a writer (which
+ * must be refused) or read-only (which must work and delete nothing).
+ * Returns the child's pid. */
+enum ck_intruder { I_TIER, I_CACHE, I_RO_TIER, I_RO_CACHE, CK_NINTRUDER };
+pid_t ck_intruder(const char *dir, int kind);
 
 /* ---- the server (campaign_server.c) ---- */
 

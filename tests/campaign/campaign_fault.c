@@ -132,7 +132,7 @@ static int plant_through_tier(const char *dir, const kvt_key *from, const kvt_ke
   a.from = *from;
   a.to = *to;
   const pid_t pid = ck_spawn("a planter", 60, plant_child, &a);
-  return pid > 0 && ck_wait(pid, 60000, "a planter") == 0 ? 0 : -1;
+  return ck_wait_ok(pid, 60000, "a planter") ? 0 : -1;
 }
 
 /* ---- a store's directory ---- */
@@ -392,7 +392,7 @@ void ck_fault_redis(int slot, int n) {
 
 typedef struct intruder_arg {
   char dir[300];
-  int as_cache;
+  int kind;
 } intruder_arg;
 
 typedef struct listing {
@@ -408,54 +408,64 @@ static int collect(void *opaque, const kvt_key *key, uint64_t len) {
   return 0;
 }
 
-/* What `kvtier store ls` and `kvtier store get` do to a directory: open it
- * (a tier, or a cache accepting any model), list it, read what it lists. */
+static const char *const intruder_name[CK_NINTRUDER] = {
+    "a second writer (a tier)", "a second writer (a cache)", "a read-only tier",
+    "a read-only cache"};
+
+/* What a second process does to a directory: open it (a tier, or a cache
+ * accepting any model, as `kvtier store` does; as a writer, or read-only),
+ * list it, read what it lists. A writer must be refused; a read-only open
+ * must work, and delete nothing (the owner's checks see to that). */
 static void intruder_child(void *p) {
   const intruder_arg *a = p;
+  const int ro = a->kind == I_RO_TIER || a->kind == I_RO_CACHE;
+  const int cache = a->kind == I_CACHE || a->kind == I_RO_CACHE;
   char spec[400];
-  snprintf(spec, sizeof(spec), "nvme:%s:%s", a->dir, ck_e.nvme_size);
+  snprintf(spec, sizeof(spec), "nvme:%s:%s%s", a->dir, ck_e.nvme_size, ro ? ",readonly=1" : "");
   kvt_ctx *ctx = NULL;
   if (kvt_ctx_create(NULL, &ctx) != 0)
     _exit(4);
   uint8_t *buf = aligned_alloc(4096, CK_VALUE_MAX + 8192);
   listing l = {.n = 0};
   uint64_t len;
+  kvt_cache *c = NULL;
+  kvt_tier *t = NULL;
   int rc;
-  if (a->as_cache) {
+  if (cache) {
     kvt_cache_config cfg = KVT_CACHE_CONFIG_INIT;
     cfg.tiers = spec;
-    kvt_cache *c = NULL;
     rc = kvt_cache_open(ctx, &cfg, &c);
-    if (rc == 0) {
-      CK_ADD(intruder_opened, 1);
-      kvt_tier_list(kvt_cache_tier(c, 0), collect, &l);
-      for (int i = 0; i < l.n; i++)
-        (void)kvt_cache_get(c, &l.keys[i], buf, CK_VALUE_MAX + 8192, &len, NULL);
-      kvt_cache_close(c);
-    }
+    t = c ? kvt_cache_tier(c, 0) : NULL;
   } else {
-    kvt_tier *t = NULL;
     rc = kvt_tier_open(ctx, spec, &t);
-    if (rc == 0) {
-      CK_ADD(intruder_opened, 1);
-      kvt_tier_list(t, collect, &l);
-      for (int i = 0; i < l.n && i < 8; i++)
-        (void)kvt_tier_get(t, &l.keys[i], buf, CK_VALUE_MAX + 8192, &len);
-      kvt_tier_close(t);
-    }
   }
-  if (rc && ck_opt.verbose)
-    fprintf(stderr, "campaign: intruder on %s refused: %s (%s)\n", a->dir, kvt_err_name(rc),
-            kvt_ctx_last_error(ctx));
+  if (ro)
+    ck_check_result("a read-only open (readonly=1) beside a live writer works", rc == 0,
+                    "%s on %s: %s (%s)", intruder_name[a->kind], a->dir, kvt_err_name(rc),
+                    kvt_ctx_last_error(ctx));
+  else
+    ck_check_result("a second writer on a live nvme directory is refused with -EBUSY",
+                    rc == -EBUSY, "%s on %s: %s", intruder_name[a->kind], a->dir,
+                    kvt_err_name(rc));
+  if (rc == 0) {
+    CK_ADD(intruder_opened, 1);
+    kvt_tier_list(t, collect, &l);
+    for (int i = 0; i < l.n; i++)
+      (void)(c ? kvt_cache_get(c, &l.keys[i], buf, CK_VALUE_MAX + 8192, &len, NULL)
+               : kvt_tier_get(t, &l.keys[i], buf, CK_VALUE_MAX + 8192, &len));
+  }
+  kvt_cache_close(c);
+  if (!c)
+    kvt_tier_close(t);
   free(buf);
   kvt_ctx_destroy(ctx);
 }
 
-pid_t ck_intruder(const char *dir, int as_cache) {
+pid_t ck_intruder(const char *dir, int kind) {
   intruder_arg a;
   snprintf(a.dir, sizeof(a.dir), "%s", dir);
-  a.as_cache = as_cache;
+  a.kind = kind;
   CK_ADD(intruders, 1);
-  ck_trace("intruder (%s) on %s", as_cache ? "cache" : "tier", dir);
-  return ck_spawn(as_cache ? "an intruding cache" : "an intruding tier", 60, intruder_child, &a);
+  ck_trace("intruder (%s) on %s", intruder_name[kind], dir);
+  return ck_spawn(intruder_name[kind], 60, intruder_child, &a);
 }

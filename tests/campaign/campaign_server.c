@@ -196,8 +196,7 @@ static void empty_token_binary(void) {
 
 void ck_server_token_checks(void) {
   const pid_t pid = ck_spawn("an empty-token server", 60, empty_token_child, NULL);
-  if (pid > 0)
-    ck_wait(pid, 60000, "an empty-token server");
+  ck_wait_ok(pid, 60000, "an empty-token server");
   empty_token_binary();
 }
 

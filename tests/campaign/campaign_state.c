@@ -568,6 +568,12 @@ int ck_wait(pid_t pid, int timeout_ms, const char *what) {
   return -1;
 }
 
+int ck_wait_ok(pid_t pid, int timeout_ms, const char *what) {
+  const int rc = pid > 0 ? ck_wait(pid, timeout_ms, what) : -1;
+  ck_check_result("every process ends normally", rc == 0, "%s ended with %d", what, rc);
+  return rc == 0;
+}
+
 int ck_alive(pid_t pid) {
   for (int i = 0; i < CK_MAX_CHILDREN; i++)
     if (children[i].pid == pid)

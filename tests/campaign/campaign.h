@@ -96,7 +96,7 @@ extern const char *const ck_hostile_name[CK_NHOSTILE];
 
 /* ---- checks: named expectations, each passed, failed or skipped ---- */
 
-#define CK_CHECKS 48
+#define CK_CHECKS 128
 #define CK_NOTES 96
 #define CK_NOTE_LEN 240
 

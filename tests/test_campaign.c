@@ -9,8 +9,8 @@
  *   test_campaign [--short | --long] [--duration SECONDS] [--seed N]
  *                 [--only TEST-PATTERN] [--verbose] [--trace]
  *
- * --short (the default, what CI runs) takes about 30 s; --long runs the
- * phases for --duration seconds (default 300) in all. The seed is printed;
+ * --short (the default, what CI runs) takes about 40 s on a loaded 2-core
+ * machine; --long runs the phases for --duration seconds (default 300). The seed is printed;
  * --seed N repeats a run's choices (the moment a kill lands varies). The
  * figures at the end can be quoted. Pieces whose environment is missing
  * (redis-server, libfabric's tcp provider, mount(2)) are skipped, saying why. */
@@ -60,8 +60,8 @@ static pid_t writer_start(int sub, int slot, double run_s, int verify_only) {
   return ck_spawn(writer_name(sub, slot), (int)run_s + 240, ck_writer_main, &a);
 }
 
-/* Whether (sub, slot)'s writer pid opened its store (opened grew past
- * before) within timeout_ms, still running or not. */
+/* Whether (sub, slot)'s writer opened its store (its count of opens grew
+ * past before) within timeout_ms. */
 static int writer_opened(int sub, int slot, uint64_t before, int timeout_ms) {
   const int64_t end = ck_now_ms() + timeout_ms;
   while (__atomic_load_n(&ck->opened[sub][slot], __ATOMIC_SEQ_CST) == before) {
@@ -74,8 +74,8 @@ static int writer_opened(int sub, int slot, uint64_t before, int timeout_ms) {
 
 static void writer_end(pid_t pid, int sub, int slot, int timeout_ms) {
   const int rc = ck_wait(pid, timeout_ms, writer_name(sub, slot));
-  ck_check_result("every writer ends normally", rc == 0, "%s ended with %d",
-                  writer_name(sub, slot), rc);
+  ck_check_result("every writer ends normally", rc == 0, "%s ended with %d", writer_name(sub, slot),
+                  rc);
 }
 
 /* The writers of one store, one per slot, until end_ms. */
@@ -111,7 +111,9 @@ static void crew_finish(crew *c) {
   }
 }
 
-static void pause_random(void) { ck_sleep_ms(200 + (int64_t)ck_rand_below(ck_opt.mode == CK_LONG ? 1500 : 600)); }
+static void pause_random(void) {
+  ck_sleep_ms(200 + (int64_t)ck_rand_below(ck_opt.mode == CK_LONG ? 1500 : 600));
+}
 
 /* ---- phase bookkeeping ---- */
 
@@ -219,8 +221,8 @@ static void test_cache_keeps_acknowledged_payloads_through_kill9_flips_and_plant
   phase_end(&before);
 }
 
-static void test_nvme_tier_keeps_acknowledged_values_through_kill9_faults_and_intruders(
-    void **state) {
+static void
+test_nvme_tier_keeps_acknowledged_values_through_kill9_faults_and_intruders(void **state) {
   (void)state;
   phase_now = "nvme tier";
   const snap before = snap_now();
@@ -436,8 +438,8 @@ static void print_figures(void) {
     faults += f->faults[i];
   for (int i = 0; i < CK_NHOSTILE; i++)
     hostile += f->hostile[i];
-  printf("\ncampaign figures (%s, seed %llu, %.1f s):\n",
-         ck_opt.mode == CK_LONG ? "long" : "short", (unsigned long long)ck_opt.seed, secs);
+  printf("\ncampaign figures (%s, seed %llu, %.1f s):\n", ck_opt.mode == CK_LONG ? "long" : "short",
+         (unsigned long long)ck_opt.seed, secs);
   printf("  operations              %llu (puts %llu, gets %llu, dels %llu)\n",
          (unsigned long long)f->ops, (unsigned long long)f->puts, (unsigned long long)f->gets,
          (unsigned long long)f->dels);
@@ -453,8 +455,7 @@ static void print_figures(void) {
   printf("  lost acknowledged       %llu (must be 0)\n", (unsigned long long)f->lost);
   printf("  unanswered gets         %llu\n", (unsigned long long)f->unanswered);
   printf("  failed puts and dels    %llu expected (server down), %llu unexpected\n",
-         (unsigned long long)f->put_failed_expected,
-         (unsigned long long)f->put_failed_unexpected);
+         (unsigned long long)f->put_failed_expected, (unsigned long long)f->put_failed_unexpected);
   printf("  hostile connections     %llu\n", (unsigned long long)hostile);
   for (int i = 0; i < CK_NHOSTILE; i++)
     if (f->hostile[i])
@@ -509,8 +510,8 @@ static int group_setup(void **state) {
     return -1;
   for (int sub = 0; sub < CK_NSUB; sub++)
     for (int s = 0; s < CK_SLOTS; s++)
-      snprintf(ck_e.dir[sub][s], sizeof(ck_e.dir[sub][s]), "%s/%s%d", ck_e.root,
-               ck_sub_name[sub], s);
+      snprintf(ck_e.dir[sub][s], sizeof(ck_e.dir[sub][s]), "%s/%s%d", ck_e.root, ck_sub_name[sub],
+               s);
   snprintf(ck_e.srv_dir, sizeof(ck_e.srv_dir), "%s/server", ck_e.root);
   ck_e.nvme_size = "256MiB";
   have_fabric = ck_fabric_available(fabric_why, sizeof(fabric_why));
@@ -578,7 +579,8 @@ int main(int argc, char **argv) {
   ck_reseed(ck_opt.seed);
   for (int s = 0; s < CK_SLOTS; s++)
     for (uint32_t i = 0; i < CK_KEYS; i++) {
-      const uint32_t tok[4] = {(uint32_t)ck_opt.seed, (uint32_t)(ck_opt.seed >> 32), (uint32_t)s, i};
+      const uint32_t tok[4] = {(uint32_t)ck_opt.seed, (uint32_t)(ck_opt.seed >> 32), (uint32_t)s,
+                               i};
       kvt_chunk_key(ck_fingerprint(), NULL, tok, 4, &ck->cache_keys[s][i]);
     }
   printf("campaign: seed %llu (repeat with --seed %llu), %s setting%s\n",
@@ -600,8 +602,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_a_full_file_system_is_enospc_and_the_cache_makes_room),
       cmocka_unit_test(test_a_server_refuses_empty_tenant_tokens),
   };
-  const int failed = cmocka_run_group_tests_name("reliability campaign", tests, group_setup,
-                                                 group_teardown);
+  const int failed =
+      cmocka_run_group_tests_name("reliability campaign", tests, group_setup, group_teardown);
   munmap(ck, sizeof(*ck));
   return failed ? 1 : 0;
 }

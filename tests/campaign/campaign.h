@@ -52,41 +52,41 @@ extern const char *const ck_sub_name[CK_NSUB];
 /* One key's log entry (see the top). Fields are read and written with
  * __atomic builtins: a writer may die between any two stores. */
 typedef struct ck_key {
-  uint32_t cur;   /* the version whose outcome is known (0: never written: absent) */
-  uint32_t att;   /* the highest version that may have been applied (>= cur) */
-  uint32_t last;  /* the highest version number used (never reused) */
+  uint32_t cur;     /* the version whose outcome is known (0: never written: absent) */
+  uint32_t att;     /* the highest version that may have been applied (>= cur) */
+  uint32_t last;    /* the highest version number used (never reused) */
   uint32_t pending; /* the version in flight (0: none): a kill leaves it uncertain */
-  uint32_t gone;  /* cur is a PUT but the value is known absent (detected or lost) */
-  uint32_t fault; /* att + 1 when a fault was injected into the stored value; 0: none */
-  uint32_t wrong; /* att + 1 when wrong bytes were counted for it (counted once) */
+  uint32_t gone;    /* cur is a PUT but the value is known absent (detected or lost) */
+  uint32_t fault;   /* att + 1 when a fault was injected into the stored value; 0: none */
+  uint32_t wrong;   /* att + 1 when wrong bytes were counted for it (counted once) */
 } ck_key;
 
 /* ---- faults and hostile connections, by kind ---- */
 
 enum ck_fault {
-  F_FLIP_DISK,  /* one bit of an NVMe file */
-  F_TRUNC_DISK, /* an NVMe file cut short */
-  F_PLANT_DISK, /* key A's file copied over key B's */
-  F_PLANT_TIER, /* key A's bytes put under key B through the tier (a valid file) */
-  F_JUNK_DISK,  /* a file of garbage named like a key */
-  F_FIFO_DISK,  /* a FIFO named like a key */
-  F_FLIP_REDIS, /* one bit of a Redis value (SETRANGE) */
+  F_FLIP_DISK,   /* one bit of an NVMe file */
+  F_TRUNC_DISK,  /* an NVMe file cut short */
+  F_PLANT_DISK,  /* key A's file copied over key B's */
+  F_PLANT_TIER,  /* key A's bytes put under key B through the tier (a valid file) */
+  F_JUNK_DISK,   /* a file of garbage named like a key */
+  F_FIFO_DISK,   /* a FIFO named like a key */
+  F_FLIP_REDIS,  /* one bit of a Redis value (SETRANGE) */
   F_PLANT_REDIS, /* key A's Redis value copied under key B */
   F_TRUNC_REDIS, /* a Redis value cut short */
-  F_FULL_FS,    /* a put into a full file system */
+  F_FULL_FS,     /* a put into a full file system */
   CK_NFAULT
 };
 
 enum ck_hostile {
-  H_TCP_GARBAGE,   /* a TCP connection to the server's port sending garbage */
-  H_TCP_HALF_OPEN, /* a TCP connection that sends nothing, or half a message, and stays */
-  H_WRONG_TOKEN,   /* a fabric tier opened with a wrong or empty token */
-  H_FORGED_ADDR,   /* a HELLO naming an address that is not the sender's */
+  H_TCP_GARBAGE,    /* a TCP connection to the server's port sending garbage */
+  H_TCP_HALF_OPEN,  /* a TCP connection that sends nothing, or half a message, and stays */
+  H_WRONG_TOKEN,    /* a fabric tier opened with a wrong or empty token */
+  H_FORGED_ADDR,    /* a HELLO naming an address that is not the sender's */
   H_FORGED_SESSION, /* requests under session ids the sender was not given */
-  H_CROSS_TENANT,  /* a tenant naming another tenant's keys */
-  H_BAD_RMA,       /* out-of-range or foreign RMA addresses and keys */
-  H_DIRECT_RMA,    /* RMA at the server's own endpoint with guessed keys */
-  H_STALLED,       /* PUTs and GETs whose client never completes the transfer */
+  H_CROSS_TENANT,   /* a tenant naming another tenant's keys */
+  H_BAD_RMA,        /* out-of-range or foreign RMA addresses and keys */
+  H_DIRECT_RMA,     /* RMA at the server's own endpoint with guessed keys */
+  H_STALLED,        /* PUTs and GETs whose client never completes the transfer */
   H_STALLED_KILLED, /* the same client killed -9 mid-transfer */
   CK_NHOSTILE
 };
@@ -131,13 +131,13 @@ typedef struct ck_shm {
   int64_t last_ok_ms[CK_NSUB][CK_SLOTS];
   int64_t max_gap_ms[CK_NSUB][CK_SLOTS]; /* longest time between two successes */
   uint32_t stalled_ready; /* a stalled client has sent its requests (then it is killed) */
-  uint32_t outage; /* 1 while the parent has the server down: failures are expected */
+  uint32_t outage;        /* 1 while the parent has the server down: failures are expected */
   /* The server child. */
   int srv_port;
   int srv_ready;
   int srv_rc;
   char why[CK_NOTE_LEN]; /* a child's reason, for the parent (a probe) */
-  uint32_t lock; /* checks: a spin lock (creating an entry) */
+  uint32_t lock;         /* checks: a spin lock (creating an entry) */
   uint32_t n_checks;
   ck_check checks[CK_CHECKS];
   uint32_t n_notes;
@@ -179,8 +179,8 @@ uint64_t ck_value_len(int sub, int slot, uint32_t idx, uint32_t v);
 #define CK_VALUE_MAX (256u << 10)
 /* The value of version v (a PUT). For the cache it is the key's payload,
  * the same for every version (keys name content). */
-int ck_value(kvt_ctx *ctx, int sub, int slot, uint32_t idx, uint32_t v, uint8_t *buf,
-             uint64_t cap, uint64_t *len);
+int ck_value(kvt_ctx *ctx, int sub, int slot, uint32_t idx, uint32_t v, uint8_t *buf, uint64_t cap,
+             uint64_t *len);
 /* The cache's model fingerprint. */
 const kvt_key *ck_fingerprint(void);
 
@@ -201,8 +201,9 @@ int ck_log_present(int sub, int slot, uint32_t idx);
 /* Classifies a get's outcome against the log and counts it: returns 0 when
  * it is allowed (exact bytes of an allowed version, or an allowed miss), 1
  * for a transient error (try again), -1 when it broke the invariant (wrong
- * bytes, or a lost value where durable says misses are not allowed) or an
- * error that is neither. */
+ * bytes, or an acknowledged value missing from a durable store), -2 for an
+ * error that is neither (the caller tries again, then counts it
+ * unanswered). */
 int ck_judge_get(kvt_ctx *ctx, int sub, int slot, uint32_t idx, int rc, const uint8_t *buf,
                  uint64_t len, int durable, uint8_t *scratch);
 
@@ -240,12 +241,11 @@ void ck_reap_all(void);
 /* ---- the environment of the stores ---- */
 
 typedef struct ck_env {
-  char root[200];                 /* the run's scratch directory */
+  char root[200];                   /* the run's scratch directory */
   char dir[CK_NSUB][CK_SLOTS][240]; /* nvme directories (cache, nvme) */
-  char srv_dir[240];              /* the server's nvme directory */
+  char srv_dir[240];                /* the server's nvme directory */
   int redis_port;
-  int have_redis, have_fabric;
-  const char *nvme_size;          /* capacity of the stores' nvme tiers */
+  const char *nvme_size; /* capacity of the stores' nvme tiers */
 } ck_env;
 
 extern ck_env ck_e;
@@ -273,7 +273,7 @@ int ck_store_durable(int sub);
 
 typedef struct ck_writer_arg {
   int sub, slot;
-  double run_s;   /* random operations for this long after the first check, then a last check */
+  double run_s;    /* random operations for this long after the first check, then a last check */
   int verify_only; /* check every key and exit */
 } ck_writer_arg;
 
@@ -315,8 +315,8 @@ pid_t ck_intruder(const char *dir, int kind);
  * the child reports it) over ck_e.srv_dir. Returns its pid, or -1 when it
  * did not become ready in time (a failed check). */
 pid_t ck_server_start(int limit_s);
-/* Asks it to stop (SIGTERM) and waits: the check "clean stop" passes when
- * it exits 0 within 20 s. */
+/* Asks it to stop (SIGTERM) and waits: its check passes when it exits 0
+ * within 25 s (it drains for up to 10 s). */
 void ck_server_stop(pid_t pid);
 /* Whether kvt_server_create and (if built) kvtier-server refuse an empty
  * tenant token: checks. */

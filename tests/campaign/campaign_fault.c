@@ -51,7 +51,8 @@ static int flip_file(const char *path, uint64_t payload_len) {
   if (payload_len == 0 && size > NVME_BLOCK)
     payload_len = size - NVME_BLOCK;
   if (r < 2 && size > NVME_BLOCK) /* the payload itself */
-    off = NVME_BLOCK + ck_rand_below(payload_len < size - NVME_BLOCK ? payload_len : size - NVME_BLOCK);
+    off = NVME_BLOCK +
+          ck_rand_below(payload_len < size - NVME_BLOCK ? payload_len : size - NVME_BLOCK);
   else if (r == 2) /* the header's fields */
     off = ck_rand_below(size < 64 ? size : 64);
   else
@@ -383,9 +384,7 @@ void ck_fault_redis(int slot, int n) {
   redisFree(c);
 }
 #else
-void ck_fault_redis(int slot, int n) {
-  (void)slot, (void)n;
-}
+void ck_fault_redis(int slot, int n) { (void)slot, (void)n; }
 #endif
 
 /* ---- intruders ---- */
@@ -408,9 +407,9 @@ static int collect(void *opaque, const kvt_key *key, uint64_t len) {
   return 0;
 }
 
-static const char *const intruder_name[CK_NINTRUDER] = {
-    "a second writer (a tier)", "a second writer (a cache)", "a read-only tier",
-    "a read-only cache"};
+static const char *const intruder_name[CK_NINTRUDER] = {"a second writer (a tier)",
+                                                        "a second writer (a cache)",
+                                                        "a read-only tier", "a read-only cache"};
 
 /* What a second process does to a directory: open it (a tier, or a cache
  * accepting any model, as `kvtier store` does; as a writer, or read-only),
@@ -444,9 +443,8 @@ static void intruder_child(void *p) {
                     "%s on %s: %s (%s)", intruder_name[a->kind], a->dir, kvt_err_name(rc),
                     kvt_ctx_last_error(ctx));
   else
-    ck_check_result("a second writer on a live nvme directory is refused with -EBUSY",
-                    rc == -EBUSY, "%s on %s: %s", intruder_name[a->kind], a->dir,
-                    kvt_err_name(rc));
+    ck_check_result("a second writer on a live nvme directory is refused with -EBUSY", rc == -EBUSY,
+                    "%s on %s: %s", intruder_name[a->kind], a->dir, kvt_err_name(rc));
   if (rc == 0) {
     CK_ADD(intruder_opened, 1);
     kvt_tier_list(t, collect, &l);

@@ -17,8 +17,9 @@
 #include "campaign.h"
 
 #define FS_SIZE "1m" /* tmpfs */
-#define IMAGE_SIZE 3u    /* MiB of the ext4 image: about 1 MiB free once the tier made its 256 directories */
-#define CACHE_PUTS 300   /* ~13 KiB each on disk: several times the file system */
+#define IMAGE_SIZE                                                                                 \
+  3u /* MiB of the ext4 image: about 1 MiB free once the tier made its 256 directories */
+#define CACHE_PUTS 300 /* ~13 KiB each on disk: several times the file system */
 
 static const char *const engine_name[2] = {"io_uring", "pread"};
 static const char *const engine_opt[2] = {"", ",engine=pread"};
@@ -122,7 +123,8 @@ static void cache_child(void *p) {
   if (rc == 0)
     rc = kvt_cache_open(ctx, &cfg, &c);
   if (rc) {
-    ck_check_result(cache_check(a->fs, a->engine), 0, "the cache did not open: %s", kvt_err_name(rc));
+    ck_check_result(cache_check(a->fs, a->engine), 0, "the cache did not open: %s",
+                    kvt_err_name(rc));
     _exit(1);
   }
   uint8_t *v = aligned_alloc(4096, CK_VALUE_MAX), *got = aligned_alloc(4096, CK_VALUE_MAX);
@@ -142,8 +144,9 @@ static void cache_child(void *p) {
   }
   CK_ADD(puts, CACHE_PUTS);
   CK_ADD(faults[F_FULL_FS], 1);
-  ck_check_result(cache_check(a->fs, a->engine), failed == 0, "%d of %d puts failed, the first with %s",
-                  failed, CACHE_PUTS, kvt_err_name(first));
+  ck_check_result(cache_check(a->fs, a->engine), failed == 0,
+                  "%d of %d puts failed, the first with %s", failed, CACHE_PUTS,
+                  kvt_err_name(first));
   for (uint32_t i = 0; i < CACHE_PUTS; i++) { /* exact bytes, or evicted */
     const int slot = 2 + (int)(i / CK_KEYS);
     const uint32_t idx = i % CK_KEYS;
@@ -223,8 +226,7 @@ static void on_one_fs(int fs) {
     rm_tree(a.dir);
     if (ck_opt.verbose)
       printf("campaign: full %s, %s engine: the tier took %lld ms, the cache %lld ms\n",
-             fs_name[fs], engine_name[engine], (long long)(t1 - t0),
-             (long long)(ck_now_ms() - t1));
+             fs_name[fs], engine_name[engine], (long long)(t1 - t0), (long long)(ck_now_ms() - t1));
   }
   if (umount2(mnt, MNT_DETACH) != 0)
     ck_note("unmounting %s: %s", mnt, strerror(errno));

@@ -181,8 +181,8 @@ static uint64_t raw_hello(raw *r, const char *tenant, const char *token, const u
 
 /* A data request (PUT or GET) naming a region; its reply's status, or
  * -ETIMEDOUT. */
-static int raw_data(raw *r, uint64_t session, int op, const kvt_key *k, uint64_t len,
-                    uint64_t addr, uint64_t key, uint64_t *out_len, int wait_ms) {
+static int raw_data(raw *r, uint64_t session, int op, const kvt_key *k, uint64_t len, uint64_t addr,
+                    uint64_t key, uint64_t *out_len, int wait_ms) {
   kvt_proto_msg m;
   const uint64_t id = r->next_id++;
   kvt_proto_init(&m, (uint16_t)op, id, session);
@@ -267,8 +267,12 @@ static void tcp_half_open(int n, int hold_ms) {
 static void wrong_tokens(int rounds) {
   char spec[600], longer[200];
   snprintf(longer, sizeof(longer), "%sx", ck_token[0]);
-  const char *tries[][2] = {{"alice", "not-the-token"}, {"alice", ""},      {"alice", ck_token[1]},
-                            {"alice", longer},          {"nobody", "x"},    {"bob", ck_token[0]},
+  const char *tries[][2] = {{"alice", "not-the-token"},
+                            {"alice", ""},
+                            {"alice", ck_token[1]},
+                            {"alice", longer},
+                            {"nobody", "x"},
+                            {"bob", ck_token[0]},
                             {"alice", "alice-token-7f3a9"}};
   const int n = (int)(sizeof(tries) / sizeof(tries[0]));
   for (int r = 0; r < rounds; r++)
@@ -317,8 +321,12 @@ static void forged_addresses(int rounds) {
       struct sockaddr_in *in = (struct sockaddr_in *)a;
       struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)a;
       switch (v) {
-      case 0: len = 0; break;
-      case 1: len = 1; break;
+      case 0:
+        len = 0;
+        break;
+      case 1:
+        len = 1;
+        break;
       case 2:
         for (size_t i = 0; i < alen; i++)
           a[i] = (uint8_t)ck_rand();
@@ -355,8 +363,8 @@ static void forged_addresses(int rounds) {
   raw_drive(&r, 200);
   int st = 0;
   const uint64_t s = raw_hello(&r, "mallory", ck_token[3], NULL, 0, 8000, &st);
-  ck_check_result("the server answers a HELLO after forged HELLO addresses", s != 0,
-                  "HELLO: %s", kvt_err_name(st));
+  ck_check_result("the server answers a HELLO after forged HELLO addresses", s != 0, "HELLO: %s",
+                  kvt_err_name(st));
   raw_close(&r);
 }
 
@@ -374,8 +382,8 @@ static void forged_sessions(int n) {
     raw_close(&r);
     return;
   }
-  static const int ops[] = {KVT_PROTO_DEL, KVT_PROTO_GET, KVT_PROTO_PUT, KVT_PROTO_EXISTS,
-                            KVT_PROTO_LIST, KVT_PROTO_BYE};
+  static const int ops[] = {KVT_PROTO_DEL,    KVT_PROTO_GET,  KVT_PROTO_PUT,
+                            KVT_PROTO_EXISTS, KVT_PROTO_LIST, KVT_PROTO_BYE};
   for (int i = 0; i < n; i++) {
     uint64_t forged;
     const uint64_t pick = ck_rand_below(3);
@@ -391,7 +399,8 @@ static void forged_sessions(int n) {
     kvt_proto_msg m;
     kvt_proto_init(&m, (uint16_t)op, r.next_id++, forged);
     /* The well-behaved tenants' keys: a forged session must not reach them. */
-    const kvt_key k = ck_key_of(CK_FABRIC, (int)(ck_rand_below(2) * 2), (uint32_t)ck_rand_below(ck->nkeys));
+    const kvt_key k =
+        ck_key_of(CK_FABRIC, (int)(ck_rand_below(2) * 2), (uint32_t)ck_rand_below(ck->nkeys));
     if (op == KVT_PROTO_DEL || op == KVT_PROTO_EXISTS) {
       m.u.key.key = k;
     } else if (op == KVT_PROTO_LIST) {
@@ -445,7 +454,8 @@ static void cross_tenant(int n) {
   static uint8_t buf[CK_VALUE_MAX + 4096], mine[512];
   memset(mine, 0x6D, sizeof(mine));
   for (int i = 0; i < n; i++) {
-    const kvt_key k = ck_key_of(CK_FABRIC, (int)(ck_rand_below(2) * 2), (uint32_t)ck_rand_below(ck->nkeys));
+    const kvt_key k =
+        ck_key_of(CK_FABRIC, (int)(ck_rand_below(2) * 2), (uint32_t)ck_rand_below(ck->nkeys));
     uint64_t len = 0;
     rc = kvt_tier_get(t, &k, buf, sizeof(buf), &len);
     const int own = rc == 0 && len == sizeof(mine) && memcmp(buf, mine, sizeof(mine)) == 0;
@@ -524,15 +534,26 @@ static int bad_request(const kvt_key *k, const bad_desc *b, int wait_ms, int *gu
     const uint64_t a0 = kvt_fab_mr_addr(&g.mr, g.mem + GUARD, 0);
     uint64_t addr = a0, key = g.mr.key;
     switch (b->kind) {
-    case B_BEFORE: addr = a0 - 4096; break;
-    case B_PAST: addr = a0 + REG; break;
-    case B_WRAP: addr = UINT64_MAX - 100; break;
-    case B_WRONG_KEY: key ^= 0x5A5A5A5Aull; break;
-    case B_LOCAL: addr = kvt_fab_mr_addr(&r.mr, r.buf, 0), key = r.mr.key; break;
+    case B_BEFORE:
+      addr = a0 - 4096;
+      break;
+    case B_PAST:
+      addr = a0 + REG;
+      break;
+    case B_WRAP:
+      addr = UINT64_MAX - 100;
+      break;
+    case B_WRONG_KEY:
+      key ^= 0x5A5A5A5Aull;
+      break;
+    case B_LOCAL:
+      addr = kvt_fab_mr_addr(&r.mr, r.buf, 0), key = r.mr.key;
+      break;
     case B_FOREIGN:
       addr = kvt_fab_mr_addr(&foreign.mr, foreign.mem + GUARD, 0), key = foreign.mr.key;
       break;
-    default: break;
+    default:
+      break;
     }
     rc = raw_data(&r, s, b->op, k, b->len, addr, key, NULL, wait_ms);
     raw_drive(&r, 50);
@@ -648,8 +669,8 @@ static void direct_rma(int n) {
     }
     CK_ADD(hostile[H_DIRECT_RMA], 1);
     ck_check_result("RMA at the server's own endpoint with a guessed key fails", rc != 0 || write,
-                    "a read of 64 bytes at %#llx with key %llu succeeded",
-                    (unsigned long long)addr, (unsigned long long)key);
+                    "a read of 64 bytes at %#llx with key %llu succeeded", (unsigned long long)addr,
+                    (unsigned long long)key);
     kvt_fab_mr_dereg(&mr);
     raw_close(&t);
   }
@@ -690,9 +711,8 @@ static void stalled(int puts, int gets, int hold_ms) {
   snprintf(m.u.hello.tenant, sizeof(m.u.hello.tenant), "mallory");
   snprintf(m.u.hello.token, sizeof(m.u.hello.token), "%s", ck_token[3]);
   kvt_proto_hdr h;
-  const uint64_t s = raw_send(&a, &m) == 0 && raw_reply(&b, id, &h, NULL, 8000) && h.status == 0
-                         ? h.session
-                         : 0;
+  const uint64_t s =
+      raw_send(&a, &m) == 0 && raw_reply(&b, id, &h, NULL, 8000) && h.status == 0 ? h.session : 0;
   region g;
   if (!s || region_open(b.f, &g, KVT_FAB_REMOTE_READ | KVT_FAB_REMOTE_WRITE, 7) != 0) {
     ck_note("hostile: the stalled client's HELLO failed");
@@ -703,8 +723,8 @@ static void stalled(int puts, int gets, int hold_ms) {
   const uint64_t a0 = kvt_fab_mr_addr(&g.mr, g.mem + GUARD, 0);
   for (int i = 0; i < puts + gets; i++) {
     const kvt_key k = i < puts ? mallory_key(10 + (uint32_t)i) : y;
-    raw_data(&a, s, i < puts ? KVT_PROTO_PUT : KVT_PROTO_GET, &k, i < puts ? REG : sizeof(val),
-             a0, g.mr.key, NULL, 0);
+    raw_data(&a, s, i < puts ? KVT_PROTO_PUT : KVT_PROTO_GET, &k, i < puts ? REG : sizeof(val), a0,
+             g.mr.key, NULL, 0);
     CK_ADD(hostile[H_STALLED], 1);
   }
   __atomic_fetch_add(&ck->stalled_ready, 1, __ATOMIC_SEQ_CST);

@@ -71,7 +71,8 @@ static void server_child(void *arg) {
          (rc == -EADDRINUSE || rc == -EAGAIN || rc == -EBUSY))
     ck_sleep_ms(100);
   if (rc) {
-    ck_note("the server did not start: %s (%s)", kvt_err_name(rc), ctx ? kvt_ctx_last_error(ctx) : "");
+    ck_note("the server did not start: %s (%s)", kvt_err_name(rc),
+            ctx ? kvt_ctx_last_error(ctx) : "");
     __atomic_store_n(&ck->srv_rc, rc, __ATOMIC_SEQ_CST);
     _exit(2);
   }
@@ -221,8 +222,8 @@ int ck_fabric_available(char *why, size_t cap) {
   const pid_t pid = ck_spawn("a provider probe", 60, probe_child, NULL);
   const int rc = pid > 0 ? ck_wait(pid, 60000, "a provider probe") : -1;
   if (rc != 0)
-    snprintf(why, cap, "libfabric's %s provider does not open on 127.0.0.1: %s",
-             "tcp;ofi_rxm", ck->why);
+    snprintf(why, cap, "libfabric's %s provider does not open on 127.0.0.1: %s", "tcp;ofi_rxm",
+             ck->why);
   return rc == 0;
 #else
   snprintf(why, cap, "built without libfabric");

@@ -32,16 +32,10 @@ const char *const ck_fault_name[CK_NFAULT] = {"bit flips on disk",
                                               "truncated redis values",
                                               "puts into a full file system"};
 
-const char *const ck_hostile_name[CK_NHOSTILE] = {"garbage tcp",
-                                                  "half-open tcp",
-                                                  "wrong tokens",
-                                                  "forged hello addresses",
-                                                  "forged sessions",
-                                                  "cross-tenant keys",
-                                                  "out-of-range rma",
-                                                  "direct rma at the server",
-                                                  "stalled transfers",
-                                                  "stalled clients killed"};
+const char *const ck_hostile_name[CK_NHOSTILE] = {
+    "garbage tcp",       "half-open tcp",         "wrong tokens",     "forged hello addresses",
+    "forged sessions",   "cross-tenant keys",     "out-of-range rma", "direct rma at the server",
+    "stalled transfers", "stalled clients killed"};
 
 /* ---- notes and checks ---- */
 
@@ -290,8 +284,8 @@ static int cache_payload(kvt_ctx *ctx, int slot, uint32_t idx, uint8_t *buf, uin
   return rc;
 }
 
-int ck_value(kvt_ctx *ctx, int sub, int slot, uint32_t idx, uint32_t v, uint8_t *buf,
-             uint64_t cap, uint64_t *len) {
+int ck_value(kvt_ctx *ctx, int sub, int slot, uint32_t idx, uint32_t v, uint8_t *buf, uint64_t cap,
+             uint64_t *len) {
   if (sub == CK_CACHE)
     return cache_payload(ctx, slot, idx, buf, cap, len);
   const uint64_t n = ck_value_len(sub, slot, idx, v);
@@ -306,7 +300,8 @@ int ck_value(kvt_ctx *ctx, int sub, int slot, uint32_t idx, uint32_t v, uint8_t 
   memcpy(buf + 8, &v, 4);
   const uint32_t tag = (uint32_t)ck_mix(ck->seed, key_id(sub, slot, idx) ^ v);
   memcpy(buf + 12, &tag, 4);
-  fill_bytes(buf + 16, (size_t)n - 16, ck_mix(ck->seed ^ 0xB17E5, key_id(sub, slot, idx) * 131 + v));
+  fill_bytes(buf + 16, (size_t)n - 16,
+             ck_mix(ck->seed ^ 0xB17E5, key_id(sub, slot, idx) * 131 + v));
   *len = n;
   return 0;
 }
@@ -375,8 +370,8 @@ int ck_is_corruption(int rc) {
 
 int ck_is_transient(int rc) {
   return rc == -ETIMEDOUT || rc == -ECONNRESET || rc == -ECONNREFUSED || rc == -ENOTCONN ||
-         rc == -EAGAIN || rc == -EBUSY || rc == -ESHUTDOWN || rc == -EPIPE ||
-         rc == -ECONNABORTED || rc == -EHOSTUNREACH || rc == KVT_EBACKEND;
+         rc == -EAGAIN || rc == -EBUSY || rc == -ESHUTDOWN || rc == -EPIPE || rc == -ECONNABORTED ||
+         rc == -EHOSTUNREACH || rc == KVT_EBACKEND;
 }
 
 /* What wrong bytes are: another key's value (ours describe themselves). */

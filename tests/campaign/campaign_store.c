@@ -82,7 +82,8 @@ void ck_store_close(ck_store *s) {
 
 int ck_store_put(ck_store *s, uint32_t idx, const void *buf, uint64_t len) {
   const kvt_key k = ck_key_of(s->sub, s->slot, idx);
-  return s->cache ? kvt_cache_put(s->cache, &k, NULL, buf, len) : kvt_tier_put(s->tier, &k, buf, len);
+  return s->cache ? kvt_cache_put(s->cache, &k, NULL, buf, len)
+                  : kvt_tier_put(s->tier, &k, buf, len);
 }
 
 int ck_store_get(ck_store *s, uint32_t idx, void *buf, uint64_t cap, uint64_t *len) {
@@ -204,8 +205,7 @@ void ck_writer_main(void *arg) {
   while ((rc = ck_store_open(&w.s, sub, slot)) != 0 && ck_now_ms() < open_end)
     ck_sleep_ms(100);
   if (rc) {
-    ck_note("%s writer %d could not open its store: %s", ck_sub_name[sub], slot,
-            kvt_err_name(rc));
+    ck_note("%s writer %d could not open its store: %s", ck_sub_name[sub], slot, kvt_err_name(rc));
     _exit(3);
   }
   CK_ADD(writer_starts, 1);

@@ -2,9 +2,11 @@
 # bootstrap.sh - set up, build and run kvtier on Debian 12 (as root, or with sudo).
 #
 #   ./bootstrap.sh demo     install what is missing, build, run `kvtier demo`
-#   ./bootstrap.sh test     install what is missing, build, run the whole test suite
+#   ./bootstrap.sh test     install what is missing, build, run the test suite (all but the
+#                           tests labelled "long")
 #   ./bootstrap.sh asan     the same tests in an AddressSanitizer+UBSan build
 #   ./bootstrap.sh tsan     the multi-threaded tests (label "threads") under ThreadSanitizer
+#   ./bootstrap.sh long     the long tests (label "long": the 5-minute reliability campaign)
 #   ./bootstrap.sh build    install and build only
 #   ./bootstrap.sh python   build, bundle libkvtier into python/kvtier/_lib/, pip-install
 #                           the Python package into the venv below, run its tests
@@ -24,13 +26,13 @@ set -euo pipefail
 cd "$(dirname "$0")"
 mode=${1:-demo}
 case "$mode" in
-  demo | test | asan | tsan | build | python | vllm) ;;
+  demo | test | asan | tsan | long | build | python | vllm) ;;
   -h | --help)
-    sed -n '2,21p' "$0"
+    sed -n '2,/^set -euo/{/^#/p}' "$0"
     exit 0
     ;;
   *)
-    echo "bootstrap.sh: unknown mode '$mode' (demo, test, asan, tsan, build, python, vllm)" >&2
+    echo "bootstrap.sh: unknown mode '$mode' (demo, test, asan, tsan, long, build, python, vllm)" >&2
     exit 2
     ;;
 esac
@@ -143,7 +145,10 @@ case "$mode" in
     fi
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-    exec ctest --test-dir "$build" --output-on-failure -j "$jobs"
+    exec ctest --test-dir "$build" --output-on-failure -j "$jobs" -LE long
+    ;;
+  long)
+    exec ctest --test-dir "$build" --output-on-failure -L long
     ;;
   tsan)
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -212,7 +214,26 @@ int kvt_fab_getname(kvt_fab *f, void *addr, size_t *len) {
   return rc ? fab_fail(f, rc, "fi_getname") : 0;
 }
 
+/* Whether a peer's address (as a HELLO names it) is one this provider can
+ * use. Socket-address providers (tcp, and rxm over it) are given an
+ * unknown address family as it comes, and an endpoint that tried to reach
+ * one stopped answering anyone: refused here, before the address vector. */
+static int addr_usable(const kvt_fab *f, const void *addr) {
+  const uint32_t fmt = f->info->addr_format;
+  if (fmt != FI_SOCKADDR && fmt != FI_SOCKADDR_IN && fmt != FI_SOCKADDR_IN6)
+    return 1; /* provider formats (verbs, efa) are checked by the provider */
+  sa_family_t family;
+  memcpy(&family, (const char *)addr + offsetof(struct sockaddr, sa_family), sizeof(family));
+  if (family == AF_INET)
+    return fmt != FI_SOCKADDR_IN6 && f->info->src_addrlen >= sizeof(struct sockaddr_in);
+  if (family == AF_INET6)
+    return fmt != FI_SOCKADDR_IN && f->info->src_addrlen >= sizeof(struct sockaddr_in6);
+  return 0;
+}
+
 int kvt_fab_av_insert(kvt_fab *f, const void *addr, uint64_t *fi_addr) {
+  if (!addr_usable(f, addr))
+    return fab_fail(f, -FI_EINVAL, "fi_av_insert: not an address of this provider's family");
   fi_addr_t a = FI_ADDR_NOTAVAIL;
   const int n = fi_av_insert(f->av, addr, 1, &a, 0, NULL);
   if (n != 1)

@@ -48,10 +48,10 @@ static const char tier_help[] =
 
 typedef struct row {
   uint64_t size, count;
-  double put_s, get_s, memcpy_s;      /* medians */
-  double put_first_s;                 /* the first repetition's PUT (new files) */
-  double fio_w, fio_r;                /* bytes/s, medians; 0 when not run or failed */
-  double fio_w_first;                 /* fio's first write run (allocating its file) */
+  double put_s, get_s, memcpy_s;       /* medians */
+  double put_first_s;                  /* the first repetition's PUT (new files) */
+  double fio_w, fio_r;                 /* bytes/s, medians; 0 when not run or failed */
+  double fio_w_first;                  /* fio's first write run (allocating its file) */
   char fio_wcmd[1024], fio_rcmd[1024]; /* the command lines */
 } row;
 
@@ -64,6 +64,8 @@ typedef struct tb {
   char fio_version[64]; /* "" when fio is not on PATH */
   kvt_ctx *ctx;
   kvt_tier *tier;
+  char shown[1024]; /* the tier's spec as kvt_tier_spec() shows it (secrets as ***),
+                     kept past the tier's close for the report */
 } tb;
 
 static double gbps(double bytes, double s) { return s > 0 ? bytes / s / 1e9 : 0.0; }
@@ -164,8 +166,8 @@ static void join_argv(char *buf, size_t cap, char *const *argv) {
 }
 
 /* One fio job; returns bytes/s (0 on failure) and the command line in cmd. */
-static double fio_run(const tb *b, const char *rw, uint64_t size, uint64_t total,
-                      char *cmd, size_t cmd_cap) {
+static double fio_run(const tb *b, const char *rw, uint64_t size, uint64_t total, char *cmd,
+                      size_t cmd_cap) {
   char file[1200], bs[64], qd[32], sz[64], fn[1300];
   snprintf(file, sizeof(file), "%s/kvt-bench-fio.%ld.dat", b->dir, (long)getpid());
   snprintf(fn, sizeof(fn), "--filename=%s", file);
@@ -175,9 +177,19 @@ static double fio_run(const tb *b, const char *rw, uint64_t size, uint64_t total
   const int w = strcmp(rw, "write") == 0;
   char rwo[32];
   snprintf(rwo, sizeof(rwo), "--rw=%s", rw);
-  char *argv[] = {"fio",       "--name=kvtier-bench", fn,   "--ioengine=io_uring", "--direct=1",
-                  bs,          qd,                    rwo,  sz,                    "--numjobs=1",
-                  "--output-format=json", w ? "--fdatasync=1" : NULL, NULL};
+  char *argv[] = {"fio",
+                  "--name=kvtier-bench",
+                  fn,
+                  "--ioengine=io_uring",
+                  "--direct=1",
+                  bs,
+                  qd,
+                  rwo,
+                  sz,
+                  "--numjobs=1",
+                  "--output-format=json",
+                  w ? "--fdatasync=1" : NULL,
+                  NULL};
   join_argv(cmd, cmd_cap, argv);
   char *out;
   const int st = run_capture(argv, &out);
@@ -354,7 +366,7 @@ static void print_json(const tb *b, const row *rows, size_t n, const char *cpu) 
   printf("{\"machine\": {\"cpu\": ");
   cli_json_str(stdout, cpu);
   printf(", \"cpus_online\": %u},\n \"tier\": ", cli_cpu_count());
-  cli_json_str(stdout, kvt_tier_spec(b->tier));
+  cli_json_str(stdout, b->shown);
   printf(", \"scheme\": \"%s\", \"qd\": %u, \"reps\": %u, \"baseline\": \"%s\",\n \"fio\": ",
          b->nvme ? "nvme" : "dram", b->qd, b->reps, b->nvme ? "fio" : "memcpy");
   if (b->nvme && b->fio_version[0]) {
@@ -396,13 +408,13 @@ static void print_text(const tb *b, const row *rows, size_t n, const char *cpu, 
   printf("command: kvtier bench");
   for (int i = 0; i < argc; i++) { /* the spec as the tier shows it: secrets as *** */
     if (strncmp(argv[i], "--tiers=", 8) == 0)
-      printf(" --tiers=%s", kvt_tier_spec(b->tier));
+      printf(" --tiers=%s", b->shown);
     else
-      printf(" %s", i && !strcmp(argv[i - 1], "--tiers") ? kvt_tier_spec(b->tier) : argv[i]);
+      printf(" %s", i && !strcmp(argv[i - 1], "--tiers") ? b->shown : argv[i]);
   }
   printf("\nmachine: %s, %u CPUs online\n", cpu, cli_cpu_count());
-  printf("tier: %s; %u operations in flight (submit/poll); medians of %u repetitions\n",
-         kvt_tier_spec(b->tier), b->qd, b->reps);
+  printf("tier: %s; %u operations in flight (submit/poll); medians of %u repetitions\n", b->shown,
+         b->qd, b->reps);
   if (b->nvme && b->fio_version[0])
     printf("baseline: %s, one run per job after each repetition (medians of %u); writes with "
            "--fdatasync=1 (one fdatasync per block = per payload, as the tier's PUT)\n",
@@ -419,8 +431,8 @@ static void print_text(const tb *b, const row *rows, size_t n, const char *cpu, 
     const row *r = &rows[i];
     const double bytes = (double)r->size * (double)r->count;
     const double p = gbps(bytes, r->put_s), g = gbps(bytes, r->get_s);
-    printf("%10llu %7llu %9.3f %9.3f", (unsigned long long)r->size, (unsigned long long)r->count,
-           p, g);
+    printf("%10llu %7llu %9.3f %9.3f", (unsigned long long)r->size, (unsigned long long)r->count, p,
+           g);
     if (!b->nvme) {
       const double m = gbps(bytes, r->memcpy_s);
       printf(" %9.3f %9s %8.3f %8.3f\n", m, "", rel(p, m), rel(g, m));
@@ -435,8 +447,8 @@ static void print_text(const tb *b, const row *rows, size_t n, const char *cpu, 
     for (size_t i = 0; i < n; i++) {
       const row *r = &rows[i];
       const double pf = gbps((double)r->size * (double)r->count, r->put_first_s);
-      printf("%10llu  PUT %.3f GB/s  fio-wr %.3f GB/s  PUT/fio %.3f\n",
-             (unsigned long long)r->size, pf, r->fio_w_first / 1e9, rel(pf, r->fio_w_first / 1e9));
+      printf("%10llu  PUT %.3f GB/s  fio-wr %.3f GB/s  PUT/fio %.3f\n", (unsigned long long)r->size,
+             pf, r->fio_w_first / 1e9, rel(pf, r->fio_w_first / 1e9));
     }
     for (size_t i = 0; i < n; i++)
       printf("\nfio write: %s\nfio read:  %s", rows[i].fio_wcmd, rows[i].fio_rcmd);
@@ -454,8 +466,8 @@ static int parse_sizes(const char *s, row *rows, size_t *n) {
   for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     uint64_t v;
     if (*n == MAX_SIZES || kvt_parse_size(tok, &v) != 0 || v == 0 || v > (1ull << 30))
-      return cli_usage_error("bench tier", "--size: bad size '%s' (1 B .. 1 GiB, at most %d)",
-                             tok, MAX_SIZES);
+      return cli_usage_error("bench tier", "--size: bad size '%s' (1 B .. 1 GiB, at most %d)", tok,
+                             MAX_SIZES);
     rows[(*n)++].size = v;
   }
   return *n ? 0 : cli_usage_error("bench tier", "--size: no size given");
@@ -468,13 +480,16 @@ int cli_bench_tier_main(int argc, char **argv) {
   b.qd = 16;
   b.reps = 5;
   const cli_opt opts[] = {
-      {"--tiers", NULL, CLI_STR, &b.spec, 0, 0},     {"--size", NULL, CLI_STR, &b.sizes_s, 0, 0},
-      {"--qd", NULL, CLI_U32, &b.qd, 1, 4096},       {"--count", NULL, CLI_U32, &b.count, 1, 1 << 20},
-      {"--reps", NULL, CLI_U32, &b.reps, 3, MAX_REPS}, {"--json", NULL, CLI_FLAG, &b.json, 0, 0},
+      {"--tiers", NULL, CLI_STR, &b.spec, 0, 0},
+      {"--size", NULL, CLI_STR, &b.sizes_s, 0, 0},
+      {"--qd", NULL, CLI_U32, &b.qd, 1, 4096},
+      {"--count", NULL, CLI_U32, &b.count, 1, 1 << 20},
+      {"--reps", NULL, CLI_U32, &b.reps, 3, MAX_REPS},
+      {"--json", NULL, CLI_FLAG, &b.json, 0, 0},
   };
   size_t n_pos, n_rows;
-  int rc = cli_parse("bench tier", argc, argv, opts, sizeof(opts) / sizeof(opts[0]), NULL, 0,
-                     &n_pos);
+  int rc =
+      cli_parse("bench tier", argc, argv, opts, sizeof(opts) / sizeof(opts[0]), NULL, 0, &n_pos);
   if (rc == CLI_HELP)
     fputs(tier_help, stdout);
   if (rc)
@@ -488,7 +503,8 @@ int cli_bench_tier_main(int argc, char **argv) {
   /* The innermost tier of decorators ("trace@nvme:..."): its scheme and DIR. */
   const char *base = strrchr(b.spec, '@') ? strrchr(b.spec, '@') + 1 : b.spec;
   if (strncmp(base, "hbm:", 4) == 0)
-    return cli_usage_error("bench tier", "'%s': device memory has no host baseline here; "
+    return cli_usage_error("bench tier",
+                           "'%s': device memory has no host baseline here; "
                            "'kvtier bench gpu' measures loads from HBM against cudaMemcpy",
                            b.spec);
   if (strncmp(base, "nvme:", 5) == 0) {
@@ -510,9 +526,11 @@ int cli_bench_tier_main(int argc, char **argv) {
     kvt_ctx_destroy(b.ctx);
     return CLI_EFAIL;
   }
+  snprintf(b.shown, sizeof(b.shown), "%s", kvt_tier_spec(b.tier));
   for (size_t i = 0; i < n_rows && rc == 0; i++)
     rc = bench_size(&b, &rows[i]);
   kvt_tier_close(b.tier);
+  b.tier = NULL;
   kvt_ctx_destroy(b.ctx);
   if (rc)
     return rc;

@@ -362,7 +362,8 @@ static int bench(rb *b) {
   }
   printf("  commands: redis-benchmark -h %s -p %s -t set,get -d %llu -c %u -P %u -n %u -q --csv\n"
          "            tier %s\n",
-         b->host, b->port, (unsigned long long)b->size, b->clients, b->pipeline, b->requests, spec);
+         b->host, b->port, (unsigned long long)b->size, b->clients, b->pipeline, b->requests,
+         kvt_tier_spec(t)); /* its password as *** */
   free(bufs);
   free(ops);
   free(reps);

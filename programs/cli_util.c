@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -269,9 +270,38 @@ static void sync_parent_dir(const char *path) {
   }
 }
 
+#define PROC_MAGIC 0x9fa0 /* PROC_SUPER_MAGIC */
+
+/* Whether the link link_st at path may be followed by hand: not one that
+ * another user made in a sticky, world-writable directory (/tmp), unless
+ * the directory is theirs. The kernel's rule (fs.protected_symlinks),
+ * applied whatever that setting: following such a link would let anyone
+ * who can write to /tmp choose the file a root kvtier replaces. */
+static int link_trusted(const char *path, const struct stat *link_st) {
+  char dir[PATH_MAX];
+  struct stat d;
+  dir_of(path, dir, sizeof(dir));
+  if (stat(dir, &d) != 0)
+    return 0;
+  return !(d.st_mode & S_ISVTX) || !(d.st_mode & S_IWOTH) || link_st->st_uid == geteuid() ||
+         link_st->st_uid == d.st_uid;
+}
+
+/* Whether path, a symlink, is one of procfs' (/dev/stdout leads to
+ * /proc/self/fd/1): what readlink says of those is no path to write to (a
+ * pipe, "NAME (deleted)", a file the shell holds open at an offset). */
+static int in_procfs(const char *path) {
+  char dir[PATH_MAX];
+  struct statfs fs;
+  dir_of(path, dir, sizeof(dir));
+  return statfs(dir, &fs) == 0 && fs.f_type == PROC_MAGIC;
+}
+
 /* Follows path while it is a symlink, so the file written and renamed over
  * is the link's target and the link stays. *st is the final file's lstat
- * (st_mode 0 when it does not exist yet). Returns 0 or an errno. */
+ * (st_mode 0 when it does not exist yet). A link of procfs is not followed:
+ * *st is then that link's lstat (S_ISLNK), out the link. Returns 0 or an
+ * errno (EACCES: a link link_trusted() refuses). */
 static int resolve_links(const char *path, char *out, size_t cap, struct stat *st) {
   if (strlen(path) >= cap)
     return ENAMETOOLONG;
@@ -281,8 +311,10 @@ static int resolve_links(const char *path, char *out, size_t cap, struct stat *s
       memset(st, 0, sizeof(*st));
       return errno == ENOENT ? 0 : errno;
     }
-    if (!S_ISLNK(st->st_mode))
+    if (!S_ISLNK(st->st_mode) || in_procfs(out))
       return 0;
+    if (!link_trusted(out, st))
+      return EACCES;
     char link[PATH_MAX], dir[PATH_MAX];
     const ssize_t n = readlink(out, link, sizeof(link) - 1);
     if (n < 0)
@@ -341,6 +373,40 @@ static int out_open_tmp(out_file *o, const struct stat *st) {
   return 0;
 }
 
+/* This process's descriptor N when link (a procfs link) is
+ * /proc/{self,thread-self,PID}/fd/N, else -1. */
+static int own_fd(const char *link) {
+  char self[32];
+  snprintf(self, sizeof(self), "/proc/%ld/fd/", (long)getpid());
+  static const char *const dirs[] = {"/proc/self/fd/", "/proc/thread-self/fd/", "/dev/fd/"};
+  const char *n = strncmp(link, self, strlen(self)) == 0 ? link + strlen(self) : NULL;
+  for (size_t i = 0; !n && i < sizeof(dirs) / sizeof(dirs[0]); i++)
+    if (strncmp(link, dirs[i], strlen(dirs[i])) == 0)
+      n = link + strlen(dirs[i]);
+  char *end = NULL;
+  const long fd = n && *n >= '0' && *n <= '9' ? strtol(n, &end, 10) : -1;
+  return end && !*end && fd <= INT_MAX ? (int)fd : -1;
+}
+
+/* An output named through procfs (o->target, where resolve_links stopped)
+ * is written in place, as a shell's redirection would: this process's own
+ * descriptor (-o /dev/stdout, /dev/fd/N) is written through a duplicate, at
+ * its offset (or its end, with O_APPEND), so bytes the shell writes to it
+ * afterwards follow the output; another link is opened by the kernel and a
+ * regular file it leads to truncated. Never replaced by name: readlink's
+ * answer there may be a pipe or "NAME (deleted)". */
+static int out_open_proc(out_file *o) {
+  const int n = own_fd(o->target);
+  o->fd = n >= 0 ? fcntl(n, F_DUPFD_CLOEXEC, 0)
+                 : open(o->target, O_WRONLY | O_TRUNC | O_NOCTTY | O_CLOEXEC);
+  if (o->fd < 0)
+    return out_fail(o, "cannot open", errno);
+  const int acc = fcntl(o->fd, F_GETFL);
+  if (acc < 0 || (acc & O_ACCMODE) == O_RDONLY)
+    return out_fail(o, "cannot write", acc < 0 ? errno : EBADF);
+  return 0;
+}
+
 /* Opens o for path: a special file in place, a regular or new file (or a
  * symlink's target) through a temporary file. The kernel follows the links
  * to a special file (/dev/stdout through /proc/self/fd/1 to a pipe has no
@@ -351,6 +417,11 @@ static int out_open(out_file *o, const char *path) {
   o->path = path;
   o->fd = -1;
   o->tmp[0] = '\0';
+  int err = resolve_links(path, o->target, sizeof(o->target), &st);
+  if (err)
+    return out_fail(o, "cannot look up", err);
+  if (S_ISLNK(st.st_mode)) /* one of procfs: see out_open_proc */
+    return out_open_proc(o);
   if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
     /* A FIFO's open waits for its reader, as a shell's would. */
     o->fd = open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC);
@@ -363,7 +434,9 @@ static int out_open(out_file *o, const char *path) {
     close(o->fd); /* replaced by a regular file meanwhile: that is replaced atomically */
     o->fd = -1;
   }
-  const int err = resolve_links(path, o->target, sizeof(o->target), &st);
+  err = resolve_links(path, o->target, sizeof(o->target), &st);
+  if (!err && S_ISLNK(st.st_mode))
+    err = EAGAIN; /* became a procfs link meanwhile */
   if (err)
     return out_fail(o, "cannot look up", err);
   if (S_ISDIR(st.st_mode))

@@ -81,6 +81,13 @@ int cli_read_exact(const char *path, size_t expect, const char *what, void **buf
  *   written and closed (only a block device is fsync'd), never replaced;
  *   /dev/null takes the bytes, /dev/full fails with ENOSPC, a FIFO's open
  *   waits for its reader;
+ * - a procfs link in place: /dev/stdout, /dev/fd/N (this process's own
+ *   descriptor) through a duplicate of it, at its offset, whatever it is
+ *   open on (a file the shell appends to stays that file); another procfs
+ *   link opened by the kernel (O_TRUNC), never replaced by name;
+ * - a symlink another user made in a sticky, world-writable directory
+ *   (/tmp), unless the directory is theirs, is not followed (EACCES), as
+ *   the kernel's fs.protected_symlinks would refuse it;
  * - a directory, or a socket (which cannot be opened), is an error.
  * Returns 0 or CLI_EIO after printing the path and the cause. */
 int cli_write_output(const char *path, const void *buf, size_t len);

@@ -33,7 +33,7 @@ static const char usage[] =
     "                          Without any: tenant \"default\" with an empty token,\n"
     "                          on a loopback --listen only (127.0.0.0/8, ::1,\n"
     "                          localhost) unless --insecure\n"
-    "  --tenants FILE          NAME:TOKEN lines ('#' comments)\n"
+    "  --tenants FILE          NAME:TOKEN lines ('#' comments), at least one\n"
     "  --insecure              serve the tokenless \"default\" tenant on any address\n"
     "  --max-request SIZE      largest value accepted (default 256MiB): larger PUTs\n"
     "                          are refused with KVT_ETOOBIG\n"
@@ -131,9 +131,11 @@ static int read_tenants(opts *o, const char *path) {
     fprintf(stderr, "kvtier-server: --tenants %s: %s\n", path, strerror(errno));
     return -1;
   }
-  char line[512];
+  char *line = NULL; /* whole lines: a long comment's tail is no tenant line */
+  size_t cap = 0;
   int rc = 0, n = 0;
-  while (rc == 0 && fgets(line, sizeof(line), f)) {
+  const int before = o->n_tenants;
+  while (rc == 0 && getline(&line, &cap, f) >= 0) {
     n++;
     line[strcspn(line, "\r\n")] = 0;
     const char *p = line + strspn(line, " \t");
@@ -143,7 +145,14 @@ static int read_tenants(opts *o, const char *path) {
     snprintf(where, sizeof(where), "%s:%d", path, n);
     rc = add_tenant(o, p, where);
   }
+  free(line);
   fclose(f);
+  /* A file with no tenant (tokens not written yet) is not "no --tenant":
+   * that would serve the tokenless default tenant. */
+  if (rc == 0 && o->n_tenants == before) {
+    fprintf(stderr, "kvtier-server: --tenants %s: no NAME:TOKEN line\n", path);
+    rc = -1;
+  }
   return rc;
 }
 

@@ -827,10 +827,11 @@ static int split_tiers(const char *spec, char parts[2][1024]) {
 
 int kvt_srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const kvt_srv_tenant *tenants,
                        int n_tenants, kvt_srv_store **out, char *err, size_t err_cap) {
-  char parts[2][1024];
+  char parts[2][1024], shown[1100]; /* messages show specs with their secrets as *** */
   const int n = split_tiers(spec, parts);
   if (n < 1) {
-    snprintf(err, err_cap, "--tiers '%s': expected one tier or two separated by ';'", spec);
+    kvt_spec_redact(shown, sizeof(shown), spec);
+    snprintf(err, err_cap, "--tiers '%s': expected one tier or two separated by ';'", shown);
     return -EINVAL;
   }
   const size_t tl_size = (size_t)(n_tenants ? n_tenants : 1) * sizeof(tlist);
@@ -855,8 +856,10 @@ int kvt_srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const kvt_
   kvt_tier *t[2] = {NULL, NULL};
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++)
-    if ((rc = kvt_tier_open(ctx, parts[i], &t[i])) != 0)
-      snprintf(err, err_cap, "tier '%s': %s", parts[i], kvt_ctx_last_error(ctx));
+    if ((rc = kvt_tier_open(ctx, parts[i], &t[i])) != 0) {
+      kvt_spec_redact(shown, sizeof(shown), parts[i]);
+      snprintf(err, err_cap, "tier '%s': %s", shown, kvt_ctx_last_error(ctx));
+    }
   st->top = n == 2 ? t[0] : NULL;
   st->bottom = n == 2 ? t[1] : t[0];
   /* Host memory only: the network side writes the header and RMAs into it.
@@ -876,7 +879,7 @@ int kvt_srv_store_open(kvt_ctx *ctx, const char *spec, int evict_lru, const kvt_
   kvt_dealloc(ctx, r.stale);
   if (rc) {
     if (!err[0])
-      snprintf(err, err_cap, "indexing '%s': %s", parts[n - 1], kvt_strerror(rc));
+      snprintf(err, err_cap, "indexing '%s': %s", kvt_tier_spec(st->bottom), kvt_strerror(rc));
     st->top = t[0];
     st->bottom = t[1];
     kvt_srv_store_close(st);

@@ -472,6 +472,70 @@ static void test_cli_output_to_stdout_carries_no_summary_line(void **state) {
   free(b);
 }
 
+/* -o /dev/stdout (or /dev/fd/N) writes through the descriptor the shell
+ * gave: a file it names is appended to where the shell is, never replaced,
+ * and what the shell writes after it follows the payload. */
+static void test_cli_output_to_dev_stdout_writes_through_the_descriptor(void **state) {
+  (void)state;
+  encode("raw", "fd.kvt");
+  size_t len;
+  void *want = read_file("fd.kvt", &len);
+  char cmd[1200];
+  snprintf(cmd, sizeof(cmd),
+           "cd %s && echo header > cat.txt && { %s encode --codec raw " SHAPE
+           " --k K.bin --v V.bin -o /dev/stdout 2>/dev/null; echo footer; } >> cat.txt && "
+           "exec 5>gone.txt && rm gone.txt && %s encode --codec raw " SHAPE
+           " --k K.bin --v V.bin -o /dev/fd/5 >/dev/null 2>&1",
+           dir, CLI_BIN, CLI_BIN);
+  assert_int_equal(system(cmd), 0);
+  size_t got_len;
+  char *got = read_file("cat.txt", &got_len);
+  assert_non_null(got);
+  if (got_len != 7 + len + 7 || memcmp(got, "header\n", 7) != 0 ||
+      memcmp(got + 7, want, len) != 0 || memcmp(got + 7 + len, "footer\n", 7) != 0)
+    fail_msg("cat.txt: %zu bytes, want header + %zu payload bytes + footer", got_len, len);
+  assert_false(exists("gone.txt (deleted)")); /* readlink's name of a deleted file */
+  assert_false(exists("gone.txt"));
+  assert_int_equal(tmp_files(""), 0);
+  free(got);
+  free(want);
+}
+
+/* A symlink that another user planted in a sticky, world-writable
+ * directory (/tmp) is not followed: the kernel's fs.protected_symlinks
+ * refuses root the same link, and following it by hand would replace
+ * whatever file it names. */
+static void test_cli_output_refuses_a_strangers_symlink_in_a_sticky_dir(void **state) {
+  (void)state;
+  if (geteuid() != 0)
+    skip(); /* a link owned by another user needs root to make */
+  encode("raw", "sticky.kvt");
+  assert_int_equal(run("decode sticky.kvt --k victim.bin --v /dev/null"), 0);
+  size_t len;
+  void *before = read_file("victim.bin", &len);
+  char pub[300], victim[300], link[320];
+  path_of("pub", pub, sizeof(pub));
+  path_of("victim.bin", victim, sizeof(victim));
+  assert_int_equal(mkdir(pub, 0777), 0);
+  assert_int_equal(chmod(pub, 01777), 0);
+  snprintf(link, sizeof(link), "%s/out.bin", pub);
+  assert_int_equal(symlink(victim, link), 0);
+  assert_int_equal(lchown(link, 65534, 65534), 0);
+  assert_int_equal(run("decode sticky.kvt --k pub/out.bin --v pub/v.bin"), 3);
+  assert_non_null(strstr(res.err, "pub/out.bin"));
+  size_t after_len;
+  void *after = read_file("victim.bin", &after_len);
+  assert_int_equal(after_len, len);
+  assert_memory_equal(after, before, len);
+  assert_false(exists("pub/v.bin"));
+  /* the directory's owner's link, and one of the writer's own, are followed */
+  assert_int_equal(lchown(link, 0, 0), 0);
+  assert_int_equal(run("decode sticky.kvt --k pub/out.bin --v /dev/null"), 0);
+  assert_int_equal(file_type("pub/out.bin"), S_IFLNK);
+  free(before);
+  free(after);
+}
+
 static void test_cli_empty_output_path_is_a_usage_error(void **state) {
   (void)state;
   encode("raw", "empty.kvt");
@@ -537,6 +601,8 @@ int main(void) {
       cmocka_unit_test(test_cli_output_through_symlink_replaces_its_target),
       cmocka_unit_test(test_cli_decode_leaves_no_first_output_when_the_second_fails),
       cmocka_unit_test(test_cli_outputs_naming_an_input_are_usage_errors),
+      cmocka_unit_test(test_cli_output_to_dev_stdout_writes_through_the_descriptor),
+      cmocka_unit_test(test_cli_output_refuses_a_strangers_symlink_in_a_sticky_dir),
       cmocka_unit_test(test_cli_empty_output_path_is_a_usage_error),
       cmocka_unit_test(test_cli_output_to_stdout_carries_no_summary_line),
       cmocka_unit_test(test_cli_help_says_how_outputs_are_written),

@@ -464,6 +464,32 @@ static void test_create_refuses_bad_configs_with_a_detail(void **state) {
   assert_false(kvt_server_tenant_valid("a:b"));
 }
 
+/* A tier that fails to open (or a --tiers that does not split) is named in
+ * the detail with its secrets as ***: kvtier-server prints the detail. */
+static void test_create_never_shows_a_tiers_password_or_token(void **state) {
+  (void)state;
+  static const char *const tiers[] = {
+      "fabric://127.0.0.1:1?token=S3cret-fabric-tok&timeout_ms=100",
+      "dram:1MiB;fabric://127.0.0.1:1?tenant=a&token=S3cret-fabric-tok&timeout_ms=100",
+      "dram:1MiB;dram:1MiB;fabric://127.0.0.1:1?token=S3cret-fabric-tok",
+#ifdef KVT_HAVE_HIREDIS
+      "redis://:S3cret-redis-pw@127.0.0.1:1?timeout_ms=100",
+      "dram:1MiB;redis://alice:S3cret-redis-pw@127.0.0.1:1?timeout_ms=100",
+#endif
+  };
+  for (size_t i = 0; i < sizeof(tiers) / sizeof(tiers[0]); i++) {
+    kvt_server_config cfg = KVT_SERVER_CONFIG_INIT;
+    cfg.listen_port = "0";
+    cfg.tiers = tiers[i];
+    kvt_server *srv = NULL;
+    assert_int_not_equal(kvt_server_create(ctx, &cfg, &srv), 0);
+    assert_null(srv);
+    const char *detail = kvt_ctx_last_error(ctx);
+    if (strstr(detail, "S3cret") || !strstr(detail, "***"))
+      fail_msg("tiers '%s': the detail '%s' shows the secret", tiers[i], detail);
+  }
+}
+
 /* Creates a server with cfg and destroys it; returns what create did. */
 static int create_destroy(const kvt_server_config *cfg) {
   kvt_server *srv = NULL;
@@ -1146,6 +1172,7 @@ int main(void) {
       cmocka_unit_test(
           test_the_tokenless_default_tenant_is_served_on_loopback_only_unless_insecure),
       cmocka_unit_test(test_create_refuses_bad_configs_with_a_detail),
+      cmocka_unit_test(test_create_never_shows_a_tiers_password_or_token),
       cmocka_unit_test(test_a_server_stopped_before_it_runs_returns_at_once),
       cmocka_unit_test_teardown(test_eight_clients_at_once_each_get_their_own_bytes,
                                 srv_kill_leftovers),

@@ -401,6 +401,37 @@ static void test_empty_token_lines_in_a_tenants_file_are_refused(void **state) {
   assert_string_equal(out, want);
 }
 
+/* A --tenants file that names no tenant is refused rather than read as "no
+ * --tenant" (the tokenless default tenant), and a comment of any length
+ * stays a comment: a long one's tail is not read as a tenant line. */
+static void test_tenants_files_without_tenants_or_with_long_comments(void **state) {
+  (void)state;
+  char dir[256], path[300], args[400];
+  assert_int_equal(srv_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/tenants", dir);
+  static char out[4096], want[600];
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("# tokens come later\n\n", f);
+  fclose(f);
+  snprintf(args, sizeof(args), "--listen 127.0.0.1:0 --tiers dram:1MiB --tenants %s", path);
+  assert_int_equal(run_cli(args, out, sizeof(out)), 2);
+  snprintf(want, sizeof(want), "kvtier-server: --tenants %s: no NAME:TOKEN line\n", path);
+  assert_string_equal(out, want);
+  /* a commented-out tenant past the 511th byte of a comment */
+  f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("# ", f);
+  for (int i = 0; i < 600; i++)
+    fputc('x', f);
+  fputs("old:0123456789abcdefOLD\n", f);
+  fclose(f);
+  assert_int_equal(run_cli(args, out, sizeof(out)), 2);
+  assert_string_equal(out, want);
+  unlink(path);
+  srv_rmdir(dir);
+}
+
 /* Without libfabric.so.1 (a file of that name that does not load, first in
  * the search path), the server says so and exits 1 before a tier opens:
  * libkvtier loads it on first use instead of linking it. */
@@ -530,6 +561,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_options_exit_2_with_a_message),
       cmocka_unit_test(test_empty_token_lines_in_a_tenants_file_are_refused),
+      cmocka_unit_test(test_tenants_files_without_tenants_or_with_long_comments),
       cmocka_unit_test(test_a_missing_libfabric_is_a_clear_start_up_error),
       cmocka_unit_test_teardown(test_ready_line_and_sigint_exit_0, srv_kill_leftovers),
       cmocka_unit_test_teardown(test_insecure_serves_the_tokenless_tenant_on_any_address,

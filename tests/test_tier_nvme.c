@@ -368,6 +368,39 @@ static void test_second_writer_is_ebusy_naming_the_holder(void **state) {
   kvt_tier_close(t);
 }
 
+/* The writer's claim outlives DIR/.lock: deleted (a cleaner of old files in
+ * /var/tmp, an operator) or replaced while held, a second writer is still
+ * -EBUSY and the holder's PUT in flight stays. */
+static void test_a_deleted_or_replaced_lock_file_lets_no_second_writer_in(void **state) {
+  fx *f = *state;
+  kvt_tier *t = open_tier(f, "64MiB");
+  put_value(t, 1);
+  char lock[512], tmp[512], spec[512];
+  snprintf(lock, sizeof(lock), "%s/.lock", f->dir);
+  snprintf(tmp, sizeof(tmp), "%s/a7/.tmp-a7a7-12", f->dir);
+  snprintf(spec, sizeof(spec), "nvme:%s:64MiB%s", f->dir, f->engine);
+  plant(tmp, "a PUT in flight");
+  for (int round = 0; round < 2; round++) {
+    if (round == 0)
+      assert_int_equal(unlink(lock), 0);
+    else
+      plant(lock, "12345\n"); /* then another file in its place */
+    kvt_tier *t2 = NULL;
+    const int rc = kvt_tier_open(f->ctx, spec, &t2);
+    if (rc != -EBUSY) {
+      kvt_tier_close(t2);
+      fail_msg("round %d: a second writer opened (%s) with the lock file %s", round,
+               kvt_err_name(rc), round ? "replaced" : "deleted");
+    }
+    assert_true(exists(tmp));
+  }
+  assert_int_equal(check_value(t, 1), 1);
+  kvt_tier_close(t);
+  t = open_tier(f, "64MiB"); /* free again once the holder closed */
+  assert_int_equal(check_value(t, 1), 1);
+  kvt_tier_close(t);
+}
+
 /* readonly=1 beside a writer: it opens, reads what the writer stored, and
  * deletes nothing - not a temporary, a spare, a torn file nor one that does
  * not verify (a miss) - and refuses PUT and DEL with -EROFS, while the
@@ -659,6 +692,7 @@ int main(void) {
       BOTH(test_killed_writer_leaves_acknowledged_values_intact),
       BOTH(test_non_regular_files_named_like_keys_are_skipped_at_open),
       BOTH(test_second_writer_is_ebusy_naming_the_holder),
+      BOTH(test_a_deleted_or_replaced_lock_file_lets_no_second_writer_in),
       BOTH(test_reader_beside_a_writer_deletes_nothing),
       BOTH(test_full_file_system_is_enospc_and_a_delete_makes_room),
       BOTH(test_cache_evicts_to_make_room_on_a_full_file_system),

@@ -838,6 +838,35 @@ static void test_bench_redis_cli_runs_against_the_fixture_server(void **state) {
     fail_msg("kvtier bench redis: status %d:\n%s", status, out);
 }
 
+/* With a password in --url, its report shows the tier as *** too. */
+static void test_bench_redis_cli_never_prints_the_password(void **state) {
+  (void)state;
+  const char *cli = KVT_BINARY_DIR "/programs/kvtier";
+  if (access(cli, X_OK) != 0 || system("command -v redis-benchmark >/dev/null 2>&1") != 0)
+    skip(); /* programs not built (the TSan build), or no redis-benchmark */
+  rfx_server *s = &aux;
+  static const char *const args[] = {"--requirepass", "Pw-S3cret"};
+  memset(s, 0, sizeof(*s));
+  s->pass = args[1];
+  s->args[s->nargs++] = args[0];
+  s->args[s->nargs++] = args[1];
+  assert_int_equal(rfx_start(s), 0);
+  char cmd[1024];
+  snprintf(cmd, sizeof(cmd),
+           "%s bench redis --url redis://:Pw-S3cret@127.0.0.1:%d --size 4KiB --clients 1 "
+           "--pipeline 1 --requests 20 --reps 1 2>&1",
+           cli, s->port);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  char out[8192];
+  const size_t n = fread(out, 1, sizeof(out) - 1, p);
+  out[n] = '\0';
+  const int status = pclose(p);
+  rfx_stop(s);
+  if (status != 0 || !strstr(out, "tier PUT") || strstr(out, "S3cret") || !strstr(out, "***"))
+    fail_msg("kvtier bench redis: status %d:\n%s", status, out);
+}
+
 /* ---- specs ---- */
 
 static void test_bad_specs_and_dead_servers_fail_open_with_detail(void **state) {
@@ -979,6 +1008,7 @@ int main(void) {
       cmocka_unit_test(test_many_clients_at_once_keep_values_whole),
       cmocka_unit_test(test_bad_specs_and_dead_servers_fail_open_with_detail),
       cmocka_unit_test(test_bench_redis_cli_runs_against_the_fixture_server),
+      cmocka_unit_test(test_bench_redis_cli_never_prints_the_password),
       cmocka_unit_test(test_bad_percent_escapes_in_credentials_are_espec),
       cmocka_unit_test(test_nul_escape_in_password_is_refused),
       cmocka_unit_test(test_fixture_forgets_servers_it_stopped),

@@ -88,7 +88,7 @@ struct nvme {
   kvt_tier *tier;
   char dir[NVME_PATH - 2 * NVME_NAME];
   int readonly;       /* readonly=1: no lock; nothing created, renamed or deleted */
-  int lock_fd;        /* DIR/.lock, flock()ed exclusively until close (writers) */
+  int lock_fd;        /* DIR, flock()ed exclusively until close (writers) */
   int direct;         /* O_DIRECT accepted by the file system (probed on open) */
   int falloc;         /* fallocate accepted by the file system (probed on open) */
   /* mu: the index, used/pending/corrupt/counter, and every rename or unlink

@@ -113,12 +113,16 @@ static void probe(nvme *n) {
     kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: %s refuses O_DIRECT: buffered I/O", n->dir);
 }
 
-/* Who holds the lock on fd, from the pid the holder wrote in the file:
+/* Who holds DIR's lock, from the pid the holder wrote in DIR/.lock:
  * "pid N (comm)". */
-static void lock_holder(int fd, char *out, size_t cap) {
-  char buf[24] = {0}, path[64], comm[32] = {0};
+static void lock_holder(const nvme *n, char *out, size_t cap) {
+  char buf[24] = {0}, path[NVME_PATH], comm[32] = {0};
   char *end = NULL;
-  const long pid = pread(fd, buf, sizeof(buf) - 1, 0) > 0 ? strtol(buf, &end, 10) : 0;
+  snprintf(path, sizeof(path), "%s/.lock", n->dir);
+  const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  const long pid = fd >= 0 && pread(fd, buf, sizeof(buf) - 1, 0) > 0 ? strtol(buf, &end, 10) : 0;
+  if (fd >= 0)
+    close(fd);
   if (pid <= 0 || *end != '\n') {
     snprintf(out, cap, "another process (pid not written yet)");
     return;
@@ -134,42 +138,51 @@ static void lock_holder(int fd, char *out, size_t cap) {
            pid == (long)getpid() ? ", this process" : "");
 }
 
-/* A directory has one writer: an exclusive flock() on DIR/.lock, held until
- * close, the holder's pid written in the file for the error a second writer
- * gets (-EBUSY). Opening removes stray temporaries and spares, which would
- * be another writer's PUTs in flight. flock() locks belong to the open
- * file, not to the process: a second open in the same process conflicts
- * too, and a child forked while the tier is open holds it with the parent.
- * Readers (readonly=1) take no lock: they change nothing. */
-static int lock_take(nvme *n) {
-  char path[NVME_PATH];
+/* The holder's pid into DIR/.lock, for the error a second writer gets: the
+ * new pid, then the end cut, so a reader sees one pid and its newline. A
+ * file that cannot be written (replaced by a FIFO or a link) costs the
+ * message its pid, not the lock. */
+static void lock_note_pid(nvme *n) {
+  char path[NVME_PATH], pid[24];
   snprintf(path, sizeof(path), "%s/.lock", n->dir);
-  const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  const int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   struct stat st;
-  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const int err = fd < 0 ? errno : EINVAL;
-    if (fd >= 0)
-      close(fd);
-    return kvt_fail(n->ctx, -err, "nvme tier: lock file '%s': %s", path,
-                    err == EINVAL ? "not a regular file" : strerror(err));
-  }
+  const int len = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      pwrite(fd, pid, (size_t)len, 0) != len || ftruncate(fd, len) != 0)
+    kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: writing the pid to '%s': %s", path,
+             fd < 0 ? strerror(errno) : "not written (not a regular file, or a write failed)");
+  if (fd >= 0)
+    close(fd);
+}
+
+/* A directory has one writer: an exclusive flock() on DIR itself, held
+ * until close (on the directory, not on a file in it, which could be
+ * deleted or replaced while held - by a cleaner of old files, an operator -
+ * and let a second writer lock a new one), the holder's pid written in
+ * DIR/.lock for the error a second writer gets (-EBUSY). Opening removes
+ * stray temporaries and spares, which would be another writer's PUTs in
+ * flight. flock() locks belong to the open file, not to the process: a
+ * second open in the same process conflicts too, and a child forked while
+ * the tier is open holds it with the parent. Readers (readonly=1) take no
+ * lock: they change nothing. */
+static int lock_take(nvme *n) {
+  const int fd = open(n->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return kvt_fail(n->ctx, -errno, "nvme tier: '%s': %s", n->dir, strerror(errno));
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno == EWOULDBLOCK ? EBUSY : errno;
-    char who[96];
-    lock_holder(fd, who, sizeof(who));
     close(fd);
-    if (err == EBUSY)
-      return kvt_fail(n->ctx, -EBUSY,
-                      "nvme tier: '%s' is in use by %s: a directory has one writer "
-                      "(readonly=1 opens it to read alongside)", n->dir, who);
-    return kvt_fail(n->ctx, -err, "nvme tier: locking '%s': %s", path, strerror(err));
+    if (err != EBUSY)
+      return kvt_fail(n->ctx, -err, "nvme tier: locking '%s': %s", n->dir, strerror(err));
+    char who[96];
+    lock_holder(n, who, sizeof(who));
+    return kvt_fail(n->ctx, -EBUSY,
+                    "nvme tier: '%s' is in use by %s: a directory has one writer "
+                    "(readonly=1 opens it to read alongside)",
+                    n->dir, who);
   }
-  /* The new pid, then the end cut: a reader sees one pid and its newline. */
-  char pid[24];
-  const int len = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
-  if (pwrite(fd, pid, (size_t)len, 0) != len || ftruncate(fd, len) != 0)
-    kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: writing the pid to '%s': %s", path,
-             strerror(errno));
+  lock_note_pid(n);
   n->lock_fd = fd;
   return 0;
 }

@@ -513,6 +513,46 @@ static void test_non_regular_files_named_like_keys_are_skipped_at_open(void **st
   assert_null(strstr(f->log, "torn"));
 }
 
+/* A FIFO put in a value's place after the open (someone with write access
+ * to DIR) is a miss for a GET with the pread engine, promptly, not a GET that
+ * waits for a writer forever. (The io_uring engine's GET open still waits:
+ * a known limit, docs/TIERS.md.) */
+static void test_get_of_a_fifo_put_in_a_values_place_is_a_prompt_miss(void **state) {
+  fx *f = *state;
+  if (!*f->engine) {
+    print_message("io_uring engine: a known limit (the open waits); skipped\n");
+    skip();
+  }
+  kvt_tier *t = open_tier(f, "64MiB");
+  put_value(t, 5);
+  char path[512];
+  file_path(f, 5, path, sizeof(path));
+  assert_int_equal(unlink(path), 0);
+  assert_int_equal(mkfifo(path, 0600), 0);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    alarm(10);
+    const kvt_key k = key_of(5);
+    const uint64_t cap = 64ull << 20;
+    uint8_t *buf = aligned_alloc(4096, cap);
+    uint64_t len = 0;
+    const int rc = buf ? kvt_tier_get(t, &k, buf, cap, &len) : -ENOMEM;
+    if (rc != KVT_ENOTFOUND)
+      print_message("GET: %d (%s)\n", rc, kvt_strerror(rc));
+    _exit(rc == KVT_ENOTFOUND ? 0 : 1);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  struct stat st;
+  assert_int_equal(lstat(path, &st), 0);
+  assert_true(S_ISFIFO(st.st_mode)); /* left in place */
+  unlink(path);
+  kvt_tier_close(t);
+}
+
 static int is_temp(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
   (void)sb, (void)flag;
   return strncmp(path + ftw->base, ".tmp-", 5) == 0;
@@ -671,7 +711,7 @@ static void test_killed_writer_leaves_acknowledged_values_intact(void **state) {
   kvt_tier_stats s = {.struct_size = sizeof(s)};
   assert_int_equal(kvt_tier_stats_get(t, &s), 0);
   assert_true(s.items == acked || s.items == acked + 1); /* the one in flight may have landed */
-  check_value(t, acked); /* whole or a miss, never other bytes */
+  check_value(t, acked);                                 /* whole or a miss, never other bytes */
   kvt_tier_close(t);
 }
 
@@ -687,10 +727,11 @@ int main(void) {
       BOTH(test_stray_temp_files_are_removed_on_open),
       BOTH(test_full_tier_refuses_put_with_enospc),
       BOTH(test_dir_under_a_regular_file_fails_open_naming_it),
-      cmocka_unit_test_setup_teardown(test_force_pread_env_logs_the_fallback_and_works,
-                                      setup_uring, teardown),
+      cmocka_unit_test_setup_teardown(test_force_pread_env_logs_the_fallback_and_works, setup_uring,
+                                      teardown),
       BOTH(test_killed_writer_leaves_acknowledged_values_intact),
       BOTH(test_non_regular_files_named_like_keys_are_skipped_at_open),
+      BOTH(test_get_of_a_fifo_put_in_a_values_place_is_a_prompt_miss),
       BOTH(test_second_writer_is_ebusy_naming_the_holder),
       BOTH(test_a_deleted_or_replaced_lock_file_lets_no_second_writer_in),
       BOTH(test_reader_beside_a_writer_deletes_nothing),

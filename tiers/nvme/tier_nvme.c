@@ -323,8 +323,8 @@ static int64_t xfer_sync(nreq *r, int write) {
   struct iovec *v = iov;
   uint64_t done = 0;
   while (cnt) {
-    const ssize_t got = write ? pwritev(r->fd, v, (int)cnt, (off_t)done)
-                              : preadv(r->fd, v, (int)cnt, (off_t)done);
+    const ssize_t got =
+        write ? pwritev(r->fd, v, (int)cnt, (off_t)done) : preadv(r->fd, v, (int)cnt, (off_t)done);
     if (got < 0 && errno == EINTR)
       continue;
     if (got < 0)
@@ -553,8 +553,8 @@ static void get_corrupt(nreq *r, const char *why) {
   struct stat a, b;
   const int dfd = n->subs[r->sub].fd;
   pthread_mutex_lock(&n->mu);
-  const int same = fstat(r->fd, &a) == 0 && fstatat(dfd, hex, &b, 0) == 0 &&
-                   a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+  const int same = fstat(r->fd, &a) == 0 && fstatat(dfd, hex, &b, 0) == 0 && a.st_ino == b.st_ino &&
+                   a.st_dev == b.st_dev;
   if (same) {
     if (!n->readonly) /* a reader forgets it; the writer may be replacing it */
       unlinkat(dfd, hex, 0);
@@ -633,9 +633,24 @@ static void get_sync(nreq *r) {
   if (r->fd < 0) {
     char hex[33];
     nvme_key_hex(&r->op->key, hex);
-    r->fd = openat(n->subs[r->sub].fd, hex, O_RDONLY | open_flags(n));
+    /* Not following a link, not waiting on a FIFO put there since the open:
+     * what is no regular file is a miss, left in place. */
+    r->fd = openat(n->subs[r->sub].fd, hex, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | open_flags(n));
+    struct stat st;
+    const int err = errno; /* (O_DIRECT on a FIFO is EINVAL) */
+    if (r->fd >= 0 ? fstat(r->fd, &st) != 0 || !S_ISREG(st.st_mode)
+                   : fstatat(n->subs[r->sub].fd, hex, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                         !S_ISREG(st.st_mode)) {
+      kvt_logf(n->ctx, KVT_LOG_WARN, "nvme tier: GET %s: not a regular file; a miss, left in place",
+               hex);
+      if (r->fd >= 0)
+        close(r->fd);
+      r->fd = -1;
+      req_end(r, KVT_ENOTFOUND);
+      return;
+    }
     if (r->fd < 0) { /* deleted since the lookup: a miss */
-      req_end(r, errno == ENOENT ? KVT_ENOTFOUND : -errno);
+      req_end(r, err == ENOENT ? KVT_ENOTFOUND : -err);
       return;
     }
   }

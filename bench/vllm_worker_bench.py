@@ -1,0 +1,476 @@
+#!/usr/bin/env python3
+"""bench/vllm_worker_bench.py - the kvtier vLLM plug-in WORKER's own store and
+load path on one long context in vLLM 0.33's exact KV cache layout: what a
+vLLM user gets, i.e. kvtier.vllm.worker.KvtierWorker over
+kvtier.vllm.cuda.CudaDevice and a kvtier Cache over dram, jobs submitted as
+vLLM's OffloadingConnector submits them (submit_store / submit_load with
+GPULoadStoreSpec block ids and the plug-in's KvtierStoreSpec / KvtierLoadSpec
+of offload keys), timed from the first submit until worker.wait() returns.
+
+Per chunk the worker does (kvtier/vllm/worker.py): store = cache.query (held
+already?), CudaDevice.store (the fused store kernel into the transfer
+thread's page-locked buffer after an event on the engine's stream, then the
+payload sealed - its XXH3 checksums - on the host), cache.put (a copy into
+the dram tier); load = cache.query + cache.get_into (a copy from the dram
+tier into the thread's page-locked buffer), CudaDevice.load (header, key,
+fingerprint and section XXH3 checked on the host, then the fused load
+kernel; waits for it). A job's chunks run one after another on one of the
+worker's transfer threads; jobs run in parallel up to `threads`.
+
+Two ways of submitting are timed per codec:
+  vllm   the plug-in's default threads (2), the context stored as jobs of
+         --store-job-tokens (8192: vLLM 0.33's max_num_batched_tokens for
+         `vllm serve` on an H100/H200, so a chunked 32K prefill stores in 4
+         steps, one job each) and loaded as ONE job (vLLM submits one load
+         job per request);
+  split  --threads transfer threads (8) and jobs of --split-job-tokens
+         (2048): the worker's ceiling when many jobs are in flight at once
+         (many requests), not what one request gets.
+
+Baselines and the handle-level figures come from bench/vllm_offload_bench.py,
+run first IN THE SAME PROCESS (its main(), imported): torch index_select +
+non_blocking copies to/from pinned host memory ("gather"), vLLM 0.33's
+swap_blocks_batch (one cudaMemcpyBatchAsync of every page, "batch"), a
+contiguous copy ("contig"), and kvtier.gpu.PagedKV store_many / load_many
+on the same shape, seed and shuffled block ids. Rates are GB/s of bf16 K/V
+restored (loads) or read (stores): the 16-bit K/V bytes the payloads stand
+for, not payload bytes. Wall-clock, median of --iters after one warm-up;
+before each timed store the cache's keys are deleted (untimed), since the
+worker skips chunks the cache holds.
+
+vLLM is not needed. kvtier.vllm.worker imports vllm.v1.kv_offload.base at
+module import (its classes subclass vLLM's); where vLLM is not installed
+(the GPU machine: its wheel is too large to carry) this script puts a
+STAND-IN for that one module into sys.modules before importing the worker
+(install_vllm_stand_in below): LoadStoreSpec, GPULoadStoreSpec, TransferResult,
+OffloadingWorker and OffloadKey as vLLM 0.33.0 defines them (data holders and
+an abstract base; no logic the worker's path runs), and inert placeholders
+for the scheduler-side names kvtier.vllm.manager imports (never called
+here). Everything timed is kvtier's code. Where vLLM is installed its real
+module is used.
+
+    PYTHONPATH=python python3 bench/vllm_worker_bench.py --pagecopy-lib X.so --out R.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import enum
+import hashlib
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import types
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, NewType, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # vllm_offload_bench
+sys.path.insert(0, str(HERE.parent / "python" / "tests"))  # vllm_layout
+
+import kvtier  # noqa: E402
+import vllm_layout  # noqa: E402
+import vllm_offload_bench as handle_bench  # noqa: E402
+
+
+def install_vllm_stand_in() -> bool:
+    """Makes `vllm.v1.kv_offload.base` importable without vLLM (see the
+    module docstring); returns whether the stand-in was installed. The
+    worker-side classes are re-derived from vLLM 0.33.0's
+    vllm/v1/kv_offload/base.py (Apache-2.0, Copyright contributors to the
+    vLLM project)."""
+    try:
+        import vllm.v1.kv_offload.base  # noqa: F401
+        return False
+    except ImportError:
+        pass
+    base = types.ModuleType("vllm.v1.kv_offload.base")
+    base.__doc__ = "kvtier bench stand-in for vLLM 0.33.0's vllm/v1/kv_offload/base.py"
+    OffloadKey = NewType("OffloadKey", bytes)
+
+    def make_offload_key(block_hash: bytes, group_idx: int) -> Any:
+        return OffloadKey(block_hash + group_idx.to_bytes(4, "big", signed=False))
+
+    class LoadStoreSpec:
+        """Metadata of blocks to load or store."""
+
+    class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
+        def __init__(self, block_ids: List[int]) -> None:
+            self.block_ids = np.array(block_ids, dtype=np.int32)
+
+    class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
+        def __init__(self, block_ids: List[int], group_sizes: Sequence[int],
+                     block_indices: Sequence[int]) -> None:
+            super().__init__(block_ids)
+            assert sum(group_sizes) == len(block_ids)
+            assert len(block_indices) == len(group_sizes)
+            self.group_sizes = group_sizes
+            self.block_indices = block_indices
+
+    @dataclass
+    class TransferResult:
+        job_id: int
+        success: bool
+        transfer_size: Optional[int] = None
+        transfer_time: Optional[float] = None
+
+    class OffloadingWorker(ABC):
+        @abstractmethod
+        def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool: ...
+
+        @abstractmethod
+        def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any,
+                        expedited: bool = False) -> bool: ...
+
+        @abstractmethod
+        def get_finished(self) -> List[Any]: ...
+
+        @abstractmethod
+        def wait(self, job_ids: set) -> None: ...
+
+        def shutdown(self) -> None:
+            return
+
+    # Scheduler-side names kvtier.vllm.manager imports; inert here.
+    class LookupResult(enum.Enum):
+        MISS = enum.auto()
+        HIT = enum.auto()
+        HIT_PENDING = enum.auto()
+        RETRY = enum.auto()
+
+    class OffloadingManager(ABC):
+        pass
+
+    class _Placeholder:
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            raise RuntimeError("vLLM stand-in: scheduler-side classes are not available")
+
+    for name, obj in dict(OffloadKey=OffloadKey, make_offload_key=make_offload_key,
+                          LoadStoreSpec=LoadStoreSpec,
+                          BlockIDsLoadStoreSpec=BlockIDsLoadStoreSpec,
+                          GPULoadStoreSpec=GPULoadStoreSpec, TransferResult=TransferResult,
+                          OffloadingWorker=OffloadingWorker, LookupResult=LookupResult,
+                          OffloadingManager=OffloadingManager,
+                          PrepareStoreOutput=_Placeholder, ReqContext=_Placeholder,
+                          RequestOffloadingContext=_Placeholder).items():
+        setattr(base, name, obj)
+    for pkg in ("vllm", "vllm.v1", "vllm.v1.kv_offload"):
+        mod = types.ModuleType(pkg)
+        mod.__path__ = []  # a package, with nothing else in it
+        sys.modules[pkg] = mod
+    sys.modules["vllm.v1.kv_offload.base"] = base
+    return True
+
+
+STAND_IN = install_vllm_stand_in()
+
+from vllm.v1.kv_offload.base import GPULoadStoreSpec  # noqa: E402
+
+from kvtier.vllm.config import CacheShape, model_fingerprint  # noqa: E402
+from kvtier.vllm.cuda import CudaDevice  # noqa: E402
+from kvtier.vllm.manager import KvtierLoadSpec, KvtierStoreSpec  # noqa: E402
+from kvtier.vllm.worker import KvtierWorker  # noqa: E402
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def offload_key(i: int) -> bytes:
+    """A vLLM offload key: a 32-byte block hash (sha256 in vLLM) + group 0."""
+    return hashlib.sha256(b"kvtier-bench-chunk-%d" % i).digest() + (0).to_bytes(4, "big")
+
+
+class Breakdown:
+    """Thread-seconds spent in each of the worker's calls into the cache and
+    the device during one instrumented store and one load (wrappers on the
+    instances; untimed pass)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.secs: Dict[str, float] = {}
+
+    def wrap(self, obj: Any, name: str, label: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed_call(*args: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                dt = time.perf_counter() - t0
+                with self.lock:
+                    self.secs[label] = self.secs.get(label, 0.0) + dt
+        setattr(obj, name, timed_call)
+
+    def take(self) -> Dict[str, float]:
+        with self.lock:
+            out, self.secs = self.secs, {}
+        return out
+
+
+def parse_handle(lines: Sequence[str]) -> Tuple[Dict[str, float], Dict[str, Dict[str, Any]]]:
+    """The baselines and the kvtier.gpu rows of vllm_offload_bench's report."""
+    base: Dict[str, float] = {}
+    rows: Dict[str, Dict[str, Any]] = {}
+    section = ""
+    for ln in lines:
+        if ln.startswith("# baselines"):
+            section = "base"
+        elif ln.startswith("# kvtier.gpu"):
+            section = "kvtier"
+        elif not ln or ln.startswith("#") or ln.startswith("codec "):
+            continue
+        elif section == "base":
+            a, b, v = ln.split()
+            base[f"{a} {b}"] = float(v)
+        elif section == "kvtier":
+            f = ln.split()
+            rows[f[0]] = dict(ratio=float(f[1]), store1t=float(f[2]), store=float(f[3]),
+                              load1t=float(f[7]), load=float(f[8]), trusted=float(f[12]),
+                              exact=" ".join(f[15:]))
+    return base, rows
+
+
+def main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--chunk-tokens", type=int, default=256)
+    ap.add_argument("--layout", default="LBNHC", choices=vllm_layout.ORDERS)
+    ap.add_argument("--codecs", default="raw,k16v8,fp8,int4")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--store-job-tokens", type=int, default=8192)
+    ap.add_argument("--threads", type=int, default=8, help="transfer threads of 'split' "
+                    "(and of the handle bench's store_many/load_many)")
+    ap.add_argument("--split-job-tokens", type=int, default=2048)
+    ap.add_argument("--dram", default="12GiB", help="the cache's dram tier size")
+    ap.add_argument("--pagecopy-lib", help="a built bench/vllm_offload_pagecopy.cu")
+    ap.add_argument("--out", help="also write the report here")
+    a = ap.parse_args(argv)
+
+    lines: List[str] = []
+
+    def say(s: str = "") -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    L, H, D, N = a.layers, a.heads, a.head_dim, a.block_size
+    nctx = a.tokens // N
+    per_chunk = a.chunk_tokens // N
+    nchunks = nctx // per_chunk
+    B = 2 * nctx + 64  # as vllm_offload_bench: same cache, same shuffled ids
+    kv_bytes = L * nctx * H * N * 2 * D * 2
+    say(f"# bench/vllm_worker_bench.py on {props.name} ({props.multi_processor_count} SMs), "
+        f"torch {torch.__version__}, libkvtier {kvtier.library_version}, "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    say(f"# command: {' '.join([os.path.basename(sys.argv[0])] + list(argv))}")
+    say(f"# vLLM: {'STAND-IN for vllm.v1.kv_offload.base (vLLM not installed)' if STAND_IN else 'installed'}")
+
+    # ---- the handle level and the baselines, same process -------------------------
+    hargs = ["--tokens", str(a.tokens), "--layers", str(L), "--heads", str(H),
+             "--head-dim", str(D), "--block-size", str(N), "--chunk-tokens", str(a.chunk_tokens),
+             "--layout", a.layout, "--codecs", a.codecs, "--iters", str(a.iters),
+             "--threads", str(a.threads)]
+    if a.pagecopy_lib:
+        hargs += ["--pagecopy-lib", a.pagecopy_lib]
+    with tempfile.TemporaryDirectory() as td:
+        hout = Path(td) / "handle.txt"
+        say(f"# first: vllm_offload_bench.main({' '.join(hargs)}) in this process")
+        handle_bench.main(hargs + ["--out", str(hout)])
+        hlines = hout.read_text().splitlines()
+    base, hrows = parse_handle(hlines)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+    # ---- the worker -----------------------------------------------------------------
+    raw, views = vllm_layout.torch_layer_views(torch, a.layout, L, B, H, N, D, torch.bfloat16,
+                                               dev)
+    g = torch.Generator(device=dev).manual_seed(1)
+    for v in views:
+        v.copy_(torch.randn(v.shape, device=dev, generator=g).to(torch.bfloat16))
+    perm = np.random.default_rng(2).permutation(B)
+    src, dst = perm[:nctx], perm[nctx:2 * nctx]
+    src_t, dst_t = torch.as_tensor(src, device=dev), torch.as_tensor(dst, device=dev)
+    torch.cuda.synchronize()
+    shape = CacheShape(layers=L, kv_heads=H, head_dim=D, dtype="bf16", block_size=N,
+                       num_blocks=B, layer_names=tuple(f"model.layers.{i}.self_attn.attn"
+                                                       for i in range(L)))
+    okeys = [offload_key(i) for i in range(nchunks)]
+
+    def jobs(ids: np.ndarray, job_tokens: int, load: bool) -> List[Tuple[Any, Any]]:
+        """(GPULoadStoreSpec, kvtier spec) of each job, aligned to chunks."""
+        per_job = max(1, job_tokens // a.chunk_tokens)
+        out = []
+        for c0 in range(0, nchunks, per_job):
+            c1 = min(nchunks, c0 + per_job)
+            blocks = [int(b) for b in ids[c0 * per_chunk:c1 * per_chunk]]
+            gpu = GPULoadStoreSpec(blocks, group_sizes=[len(blocks)],
+                                   block_indices=[c0 * per_chunk])
+            keys = okeys[c0:c1]
+            spec = KvtierLoadSpec(keys) if load else KvtierStoreSpec(
+                keys, [okeys[c - 1] if c > 0 else None for c in range(c0, c1)])
+            out.append((gpu, spec))
+        return out
+
+    modes = {"vllm": (2, a.store_job_tokens, a.tokens), "split": (a.threads, a.split_job_tokens,
+                                                                 a.split_job_tokens)}
+    res: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for codec in a.codecs.split(","):
+        fp = model_fingerprint(MODEL, shape, codec, 0, 1)
+        for mode, (threads, st_tokens, ld_tokens) in modes.items():
+            device = CudaDevice(views, shape, codec, fp, threads)
+            cache = kvtier.Cache(f"dram:{a.dram}", fingerprint=fp, chunk_tokens=a.chunk_tokens,
+                                 write_through=True)
+            worker = KvtierWorker(device, cache, fp, a.chunk_tokens, per_chunk, threads=threads)
+            st_jobs, ld_jobs = jobs(src, st_tokens, False), jobs(dst, ld_tokens, True)
+            job_id = [0]
+            failed: List[str] = []
+
+            def run(js: List[Tuple[Any, Any]], load: bool) -> None:
+                ids = set()
+                for gpu, spec in js:
+                    job_id[0] += 1
+                    ids.add(job_id[0])
+                    if load:
+                        worker.submit_load(job_id[0], spec, gpu)
+                    else:
+                        worker.submit_store(job_id[0], gpu, spec)
+                worker.wait(ids)
+                for r in worker.get_finished():
+                    if not r.success:
+                        failed.append(f"job {r.job_id} {'load' if load else 'store'}")
+
+            def clear() -> None:
+                for k in okeys:
+                    cache.delete(worker.key(k))
+
+            def store() -> None:
+                run(st_jobs, False)
+
+            def load() -> None:
+                run(ld_jobs, True)
+
+            t_store = handle_bench.timed(store, a.iters, clear)
+            held = cache.lookup_keys([worker.key(k) for k in okeys])
+            payload_bytes = cache.stats().used
+            t_load = handle_bench.timed(load, a.iters)
+            brk: Dict[str, Any] = {}
+            if mode == "vllm":  # where the worker's time goes: one instrumented pass each
+                bd = Breakdown()
+                for obj, name in ((cache, "query"), (cache, "put"), (cache, "get_into"),
+                                  (device, "store"), (device, "load")):
+                    bd.wrap(obj, name, name)
+                clear()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                store()
+                brk["store"] = (time.perf_counter() - t0, bd.take())
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                load()
+                brk["load"] = (time.perf_counter() - t0, bd.take())
+            exact = "ok"
+            if failed or held != nchunks:
+                exact = f"FAILED ({len(failed)} jobs, {held}/{nchunks} chunks held)"
+            elif mode == "vllm":  # what the last load left, checked once per codec
+                for v in views:
+                    got_l, want_l = v.index_select(0, dst_t), v.index_select(0, src_t)
+                    if codec in ("raw", "k16v8") and not torch.equal(got_l[..., :D],
+                                                                      want_l[..., :D]):
+                        exact = "K DIFFERS"
+                    if codec == "raw" and not torch.equal(got_l, want_l):
+                        exact = "DIFFERS"
+                    del got_l, want_l
+                pay = cache.get(worker.key(okeys[0]))
+                assert pay is not None
+                k_dec, v_dec = kvtier.decode(pay)
+                ids0 = torch.as_tensor(dst[:per_chunk], device=dev)
+                got = torch.stack([v.index_select(0, ids0).transpose(1, 2).reshape(-1, H, 2 * D)
+                                   for v in views]).view(torch.int16).cpu().numpy() \
+                    .view(np.uint16)
+                if not (np.array_equal(got[..., :D], k_dec) and
+                        np.array_equal(got[..., D:], v_dec)):
+                    exact = "NOT decode()"
+            res[(codec, mode)] = dict(store=kv_bytes / t_store / 1e9,
+                                      load=kv_bytes / t_load / 1e9, exact=exact,
+                                      ratio=kv_bytes / max(1, payload_bytes),
+                                      jobs=(len(st_jobs), len(ld_jobs), threads), brk=brk,
+                                      stats=(worker.stats.failed_stores, worker.stats.failed_loads,
+                                             dict(worker.stats.reasons)))
+            worker.shutdown()  # closes the cache
+            device.kv.close()
+            del device, worker
+            torch.cuda.synchronize()
+
+    # ---- report ---------------------------------------------------------------------
+    say(f"# context {a.tokens} tokens = {nctx} blocks of {N}, {L} layers x {H} KV heads x "
+        f"head dim {D}, bf16, vLLM layout {a.layout}: {kv_bytes / 2**30:.2f} GiB of K/V; cache "
+        f"of {B} blocks, shuffled ids (same as the handle bench); {nchunks} payloads of "
+        f"{a.chunk_tokens} tokens; cache dram:{a.dram}; median of {a.iters}")
+    for mode, (threads, st, ld) in modes.items():
+        r = next(v for (c, m), v in res.items() if m == mode)
+        say(f"# worker '{mode}': {threads} transfer threads; store = {r['jobs'][0]} jobs of "
+            f"{st} tokens, load = {r['jobs'][1]} jobs of {ld} tokens")
+    say("")
+    say("# baselines, same process (GB/s of bf16 K/V, blocks <-> pinned host memory)")
+    say("  " + "  ".join(f"{k} {v:.2f}" for k, v in base.items()))
+    say("")
+    bst = "batch D2H" if "batch D2H" in base else "gather D2H"
+    bld = "batch H2D" if "batch H2D" in base else "gather H2D"
+    ht = f"h{a.threads}t"
+    say(f"# GB/s of bf16 K/V. h1t / {ht}: the handle (kvtier.gpu.PagedKV: one thread; "
+        f"store_many / load_many on {a.threads}); vllm / split: the worker (KvtierWorker + "
+        f"CudaDevice + Cache over dram); x: worker 'vllm' / the {bst.split()[0]} baseline")
+    say(f"{'':<13}|{'store GPU->cache':^36}|{'load cache->GPU':^36}|")
+    say(f"{'codec':<7} {'ratio':>5}| {'h1t':>6} {ht:>6} {'vllm':>6} {'split':>6} {'x':>6} "
+        f"| {'h1t':>6} {ht:>6} {'vllm':>6} {'split':>6} {'x':>6} | exact (worker, handle)")
+    for codec in a.codecs.split(","):
+        h = hrows.get(codec, {})
+        w, s = res[(codec, "vllm")], res[(codec, "split")]
+        ex = w["exact"] if w["exact"] == s["exact"] else f"{w['exact']}/{s['exact']}"
+
+        def col(x: Optional[float]) -> str:
+            return f"{x:6.2f}" if x is not None else f"{'-':>6}"
+
+        say(f"{codec:<7} {w['ratio']:5.2f}| {col(h.get('store1t'))} {col(h.get('store'))} "
+            f"{w['store']:6.2f} {s['store']:6.2f} {w['store'] / base[bst]:6.2f} "
+            f"| {col(h.get('load1t'))} {col(h.get('load'))} {w['load']:6.2f} {s['load']:6.2f} "
+            f"{w['load'] / base[bld]:6.2f} | {ex}, {h.get('exact', '?')}")
+    say("")
+    say("# ratio: bf16 K/V bytes / bytes the dram tier holds (payloads); exact: after the worker's loads, raw restores every bit, k16v8 every K bit, "
+        "chunk 0 equals kvtier.decode() of the cached payload")
+    say("# where the worker 'vllm' spends its time (one instrumented pass): wall ms, then "
+        "thread-ms in each call (store: 2 threads, so calls can sum past the wall; load: one "
+        "job, one thread); device.store = kernel + host seal, device.load = host check + H2D + "
+        "kernel, put / get_into = copies into / out of the dram tier")
+    for codec in a.codecs.split(","):
+        for op in ("store", "load"):
+            wall, parts = res[(codec, "vllm")]["brk"][op]
+            say(f"  {codec:<6} {op:<5} wall {wall * 1e3:7.1f}  " + "  ".join(
+                f"{('cache.' if k in ('query', 'put', 'get_into') else 'device.') + k} "
+                f"{v * 1e3:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])))
+    bad = {k: v["stats"] for k, v in res.items() if v["stats"][0] or v["stats"][1]}
+    say(f"# worker failures: {bad if bad else 'none'}")
+    say("")
+    say("# the handle bench's own report (same process, first):")
+    lines.extend("#| " + ln for ln in hlines)
+    if a.out:
+        Path(a.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -11,21 +11,18 @@ Per chunk the worker does (kvtier/vllm/worker.py): store = cache.query (held
 already?), CudaDevice.store (the fused store kernel into the transfer
 thread's page-locked buffer after an event on the engine's stream, then the
 payload sealed - its XXH3 checksums - on the host), cache.put (a copy into
-the dram tier); load = cache.query + cache.get_into (a copy from the dram
-tier into the thread's page-locked buffer), CudaDevice.load (header, key,
-fingerprint and section XXH3 checked on the host, then the fused load
-kernel; waits for it). A job's chunks run one after another on one of the
-worker's transfer threads; jobs run in parallel up to `threads`.
+the dram tier); load = cache.borrow (the dram tier lends its own page-locked
+bytes: no copy), CudaDevice.load (every section's XXH3 checked on the host
+by this thread, then the fused load kernel, which checks header, key,
+fingerprint and shape; waits for it). Every chunk of every job is one task
+on the worker's transfer threads, so one request's chunks run in parallel.
 
-Two ways of submitting are timed per codec:
-  vllm   the plug-in's default threads (2), the context stored as jobs of
-         --store-job-tokens (8192: vLLM 0.33's max_num_batched_tokens for
-         `vllm serve` on an H100/H200, so a chunked 32K prefill stores in 4
-         steps, one job each) and loaded as ONE job (vLLM submits one load
-         job per request);
-  split  --threads transfer threads (8) and jobs of --split-job-tokens
-         (2048): the worker's ceiling when many jobs are in flight at once
-         (many requests), not what one request gets.
+Submitted as vLLM submits one request's work: the context stored as jobs of
+--store-job-tokens (8192: vLLM 0.33's max_num_batched_tokens for `vllm
+serve` on an H100/H200, so a chunked 32K prefill stores in 4 steps, one job
+each) and loaded as ONE job (vLLM submits one load job per request), with
+each of --worker-threads transfer threads (2,4,8; the plug-in's default is
+marked).
 
 Baselines and the handle-level figures come from bench/vllm_offload_bench.py,
 run first IN THE SAME PROCESS (its main(), imported): torch index_select +
@@ -56,19 +53,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import enum
 import hashlib
 import os
-import statistics
 import sys
 import tempfile
 import threading
 import time
-import types
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, NewType, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -82,94 +74,7 @@ import vllm_layout  # noqa: E402
 import vllm_offload_bench as handle_bench  # noqa: E402
 
 
-def install_vllm_stand_in() -> bool:
-    """Makes `vllm.v1.kv_offload.base` importable without vLLM (see the
-    module docstring); returns whether the stand-in was installed. The
-    worker-side classes are re-derived from vLLM 0.33.0's
-    vllm/v1/kv_offload/base.py (Apache-2.0, Copyright contributors to the
-    vLLM project)."""
-    try:
-        import vllm.v1.kv_offload.base  # noqa: F401
-        return False
-    except ImportError:
-        pass
-    base = types.ModuleType("vllm.v1.kv_offload.base")
-    base.__doc__ = "kvtier bench stand-in for vLLM 0.33.0's vllm/v1/kv_offload/base.py"
-    OffloadKey = NewType("OffloadKey", bytes)
-
-    def make_offload_key(block_hash: bytes, group_idx: int) -> Any:
-        return OffloadKey(block_hash + group_idx.to_bytes(4, "big", signed=False))
-
-    class LoadStoreSpec:
-        """Metadata of blocks to load or store."""
-
-    class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
-        def __init__(self, block_ids: List[int]) -> None:
-            self.block_ids = np.array(block_ids, dtype=np.int32)
-
-    class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
-        def __init__(self, block_ids: List[int], group_sizes: Sequence[int],
-                     block_indices: Sequence[int]) -> None:
-            super().__init__(block_ids)
-            assert sum(group_sizes) == len(block_ids)
-            assert len(block_indices) == len(group_sizes)
-            self.group_sizes = group_sizes
-            self.block_indices = block_indices
-
-    @dataclass
-    class TransferResult:
-        job_id: int
-        success: bool
-        transfer_size: Optional[int] = None
-        transfer_time: Optional[float] = None
-
-    class OffloadingWorker(ABC):
-        @abstractmethod
-        def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool: ...
-
-        @abstractmethod
-        def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any,
-                        expedited: bool = False) -> bool: ...
-
-        @abstractmethod
-        def get_finished(self) -> List[Any]: ...
-
-        @abstractmethod
-        def wait(self, job_ids: set) -> None: ...
-
-        def shutdown(self) -> None:
-            return
-
-    # Scheduler-side names kvtier.vllm.manager imports; inert here.
-    class LookupResult(enum.Enum):
-        MISS = enum.auto()
-        HIT = enum.auto()
-        HIT_PENDING = enum.auto()
-        RETRY = enum.auto()
-
-    class OffloadingManager(ABC):
-        pass
-
-    class _Placeholder:
-        def __init__(self, *a: Any, **kw: Any) -> None:
-            raise RuntimeError("vLLM stand-in: scheduler-side classes are not available")
-
-    for name, obj in dict(OffloadKey=OffloadKey, make_offload_key=make_offload_key,
-                          LoadStoreSpec=LoadStoreSpec,
-                          BlockIDsLoadStoreSpec=BlockIDsLoadStoreSpec,
-                          GPULoadStoreSpec=GPULoadStoreSpec, TransferResult=TransferResult,
-                          OffloadingWorker=OffloadingWorker, LookupResult=LookupResult,
-                          OffloadingManager=OffloadingManager,
-                          PrepareStoreOutput=_Placeholder, ReqContext=_Placeholder,
-                          RequestOffloadingContext=_Placeholder).items():
-        setattr(base, name, obj)
-    for pkg in ("vllm", "vllm.v1", "vllm.v1.kv_offload"):
-        mod = types.ModuleType(pkg)
-        mod.__path__ = []  # a package, with nothing else in it
-        sys.modules[pkg] = mod
-    sys.modules["vllm.v1.kv_offload.base"] = base
-    return True
-
+from vllm_stand_in import install_vllm_stand_in  # noqa: E402
 
 STAND_IN = install_vllm_stand_in()
 
@@ -251,9 +156,10 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--codecs", default="raw,k16v8,fp8,int4")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--store-job-tokens", type=int, default=8192)
-    ap.add_argument("--threads", type=int, default=8, help="transfer threads of 'split' "
-                    "(and of the handle bench's store_many/load_many)")
-    ap.add_argument("--split-job-tokens", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=8, help="threads of the handle bench's "
+                    "store_many/load_many")
+    ap.add_argument("--worker-threads", default="2,4,8", help="the worker's transfer threads, "
+                    "one timed run each")
     ap.add_argument("--dram", default="12GiB", help="the cache's dram tier size")
     ap.add_argument("--pagecopy-lib", help="a built bench/vllm_offload_pagecopy.cu")
     ap.add_argument("--out", help="also write the report here")
@@ -325,8 +231,11 @@ def main(argv: Sequence[str]) -> int:
             out.append((gpu, spec))
         return out
 
-    modes = {"vllm": (2, a.store_job_tokens, a.tokens), "split": (a.threads, a.split_job_tokens,
-                                                                 a.split_job_tokens)}
+    from kvtier.vllm.config import PluginConfig
+    default_threads = PluginConfig(tiers="dram:1GiB").threads
+    wthreads = [int(t) for t in a.worker_threads.split(",")]
+    modes = {f"w{t}": (t, a.store_job_tokens, a.tokens) for t in wthreads}
+    main_mode = f"w{default_threads}" if default_threads in wthreads else f"w{wthreads[-1]}"
     res: Dict[Tuple[str, str], Dict[str, Any]] = {}
     for codec in a.codecs.split(","):
         fp = model_fingerprint(MODEL, shape, codec, 0, 1)
@@ -368,9 +277,10 @@ def main(argv: Sequence[str]) -> int:
             payload_bytes = cache.stats().used
             t_load = handle_bench.timed(load, a.iters)
             brk: Dict[str, Any] = {}
-            if mode == "vllm":  # where the worker's time goes: one instrumented pass each
+            if mode == main_mode:  # where the worker's time goes: one instrumented pass each
                 bd = Breakdown()
                 for obj, name in ((cache, "query"), (cache, "put"), (cache, "get_into"),
+                                  (cache, "borrow"),
                                   (device, "store"), (device, "load")):
                     bd.wrap(obj, name, name)
                 clear()
@@ -385,7 +295,7 @@ def main(argv: Sequence[str]) -> int:
             exact = "ok"
             if failed or held != nchunks:
                 exact = f"FAILED ({len(failed)} jobs, {held}/{nchunks} chunks held)"
-            elif mode == "vllm":  # what the last load left, checked once per codec
+            if not failed and held == nchunks:  # what the last load left, every mode
                 for v in views:
                     got_l, want_l = v.index_select(0, dst_t), v.index_select(0, src_t)
                     if codec in ("raw", "k16v8") and not torch.equal(got_l[..., :D],
@@ -422,8 +332,9 @@ def main(argv: Sequence[str]) -> int:
         f"{a.chunk_tokens} tokens; cache dram:{a.dram}; median of {a.iters}")
     for mode, (threads, st, ld) in modes.items():
         r = next(v for (c, m), v in res.items() if m == mode)
-        say(f"# worker '{mode}': {threads} transfer threads; store = {r['jobs'][0]} jobs of "
-            f"{st} tokens, load = {r['jobs'][1]} jobs of {ld} tokens")
+        say(f"# worker '{mode}': {threads} transfer threads"
+            f"{' (the plug-in default)' if threads == default_threads else ''}; store = "
+            f"{r['jobs'][0]} jobs of {st} tokens, load = {r['jobs'][1]} jobs of {ld} tokens")
     say("")
     say("# baselines, same process (GB/s of bf16 K/V, blocks <-> pinned host memory)")
     say("  " + "  ".join(f"{k} {v:.2f}" for k, v in base.items()))
@@ -431,36 +342,44 @@ def main(argv: Sequence[str]) -> int:
     bst = "batch D2H" if "batch D2H" in base else "gather D2H"
     bld = "batch H2D" if "batch H2D" in base else "gather H2D"
     ht = f"h{a.threads}t"
+    ms = list(modes)
     say(f"# GB/s of bf16 K/V. h1t / {ht}: the handle (kvtier.gpu.PagedKV: one thread; "
-        f"store_many / load_many on {a.threads}); vllm / split: the worker (KvtierWorker + "
-        f"CudaDevice + Cache over dram); x: worker 'vllm' / the {bst.split()[0]} baseline")
-    say(f"{'':<13}|{'store GPU->cache':^36}|{'load cache->GPU':^36}|")
-    say(f"{'codec':<7} {'ratio':>5}| {'h1t':>6} {ht:>6} {'vllm':>6} {'split':>6} {'x':>6} "
-        f"| {'h1t':>6} {ht:>6} {'vllm':>6} {'split':>6} {'x':>6} | exact (worker, handle)")
+        f"store_many / load_many on {a.threads}); {' / '.join(ms)}: the worker (KvtierWorker + "
+        f"CudaDevice + Cache over dram) on that many threads; x: worker '{main_mode}' / the "
+        f"{bst.split()[0]} baseline")
+    width = 7 * (len(ms) + 3) + 1
+    say(f"{'':<13}|{'store GPU->cache':^{width}}|{'load cache->GPU':^{width}}|")
+    cols = f"{'h1t':>6} {ht:>6} " + " ".join(f"{m:>6}" for m in ms) + f" {'x':>6}"
+    say(f"{'codec':<7} {'ratio':>5}| {cols} | {cols} | exact (worker, handle)")
     for codec in a.codecs.split(","):
         h = hrows.get(codec, {})
-        w, s = res[(codec, "vllm")], res[(codec, "split")]
-        ex = w["exact"] if w["exact"] == s["exact"] else f"{w['exact']}/{s['exact']}"
+        w = res[(codec, main_mode)]
+        exs = sorted({res[(codec, m)]["exact"] for m in ms})
+        ex = exs[0] if len(exs) == 1 else "/".join(exs)
 
         def col(x: Optional[float]) -> str:
             return f"{x:6.2f}" if x is not None else f"{'-':>6}"
 
-        say(f"{codec:<7} {w['ratio']:5.2f}| {col(h.get('store1t'))} {col(h.get('store'))} "
-            f"{w['store']:6.2f} {s['store']:6.2f} {w['store'] / base[bst]:6.2f} "
-            f"| {col(h.get('load1t'))} {col(h.get('load'))} {w['load']:6.2f} {s['load']:6.2f} "
-            f"{w['load'] / base[bld]:6.2f} | {ex}, {h.get('exact', '?')}")
+        def side(op: str, hk: str, b: str) -> str:
+            return (f"{col(h.get(hk + '1t'))} {col(h.get(hk))} "
+                    + " ".join(f"{res[(codec, m)][op]:6.2f}" for m in ms)
+                    + f" {w[op] / base[b]:6.2f}")
+
+        say(f"{codec:<7} {w['ratio']:5.2f}| {side('store', 'store', bst)} "
+            f"| {side('load', 'load', bld)} | {ex}, {h.get('exact', '?')}")
     say("")
-    say("# ratio: bf16 K/V bytes / bytes the dram tier holds (payloads); exact: after the worker's loads, raw restores every bit, k16v8 every K bit, "
-        "chunk 0 equals kvtier.decode() of the cached payload")
-    say("# where the worker 'vllm' spends its time (one instrumented pass): wall ms, then "
-        "thread-ms in each call (store: 2 threads, so calls can sum past the wall; load: one "
-        "job, one thread); device.store = kernel + host seal, device.load = host check + H2D + "
-        "kernel, put / get_into = copies into / out of the dram tier")
+    say("# ratio: bf16 K/V bytes / bytes the dram tier holds (payloads); exact: after the worker's "
+        "loads, raw restores every bit, k16v8 every K bit, chunk 0 equals kvtier.decode() of the "
+        "cached payload")
+    say(f"# where the worker '{main_mode}' spends its time (one instrumented pass): wall ms, then "
+        "thread-ms in each call, summed over the transfer threads (so calls sum past the "
+        "wall); device.store = kernel + host seal, device.load = host XXH3 check + H2D + "
+        "kernel, put = the copy into the dram tier, borrow = the loan of a payload in place")
     for codec in a.codecs.split(","):
         for op in ("store", "load"):
-            wall, parts = res[(codec, "vllm")]["brk"][op]
+            wall, parts = res[(codec, main_mode)]["brk"][op]
             say(f"  {codec:<6} {op:<5} wall {wall * 1e3:7.1f}  " + "  ".join(
-                f"{('cache.' if k in ('query', 'put', 'get_into') else 'device.') + k} "
+                f"{('cache.' if k in ('query', 'put', 'get_into', 'borrow') else 'device.') + k} "
                 f"{v * 1e3:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])))
     bad = {k: v["stats"] for k, v in res.items() if v["stats"][0] or v["stats"][1]}
     say(f"# worker failures: {bad if bad else 'none'}")

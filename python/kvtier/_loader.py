@@ -91,6 +91,8 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "kvt_cache_put": (c_int, [c_void_p, _key, _key, c_void_p, c_uint64]),
     "kvt_cache_get": (c_int, [c_void_p, _key, c_void_p, c_uint64, _u64p, _p(c_int)]),
     "kvt_cache_get_many": (c_int, [c_void_p, _p(S.kvt_cache_get_req), c_size_t, c_uint32]),
+    "kvt_cache_borrow": (c_int, [c_void_p, _key, _p(S.kvt_cache_loan)]),
+    "kvt_cache_return": (None, [c_void_p, _p(S.kvt_cache_loan)]),
     "kvt_cache_lookup": (c_int, [c_void_p, _u32p, c_size_t, _p(c_size_t)]),
     "kvt_cache_lookup_keys": (c_int, [c_void_p, _key, c_size_t, _p(c_size_t)]),
     "kvt_cache_plan_restore": (c_int, [c_void_p, _u32p, c_size_t, _p(S.kvt_model_arch),

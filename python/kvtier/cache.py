@@ -5,10 +5,13 @@ at once; each call releases the GIL while the library works."""
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 import weakref
 from dataclasses import dataclass, fields
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from . import _structs as S
 from ._buffers import Buffer, TokenIds, read_buffer, token_array, u32_ptr, write_buffer
@@ -18,6 +21,10 @@ from .errors import Error, ErrorCode
 from .keys import Key, KeyLike
 
 WRITE_THROUGH, NO_PROMOTE, VERIFY, BACKGROUND = 1, 2, 4, 8  # enum kvt_cache_flags
+
+TIER_DEVICE = 1 << 2  # KVT_TIER_DEVICE: a tier whose lent bytes are GPU memory
+
+log = logging.getLogger("kvtier")
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,8 @@ class GetResult(NamedTuple):
 
 
 class _Handle:
-    """The kvt_cache and its context, closed once no call is in flight."""
+    """The kvt_cache and its context, closed once no call is in flight; it
+    also tracks the loans out (Cache.borrow)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -79,6 +87,7 @@ class _Handle:
         self.cv = threading.Condition()
         self.busy = 0
         self.closed = False
+        self.loans: Dict[int, S.kvt_cache_loan] = {}
 
     def enter(self) -> ctypes.c_void_p:
         with self.cv:
@@ -93,19 +102,80 @@ class _Handle:
             if self.busy == 0:
                 self.cv.notify_all()
 
+    def give_back(self, loan: S.kvt_cache_loan) -> None:
+        with self.cv:
+            if self.loans.pop(id(loan), None) is not None and self.ptr:
+                lib.kvt_cache_return(self.ptr, ctypes.byref(loan))
+
     def close(self) -> None:
         with self.cv:
             self.closed = True
             while self.busy:
                 self.cv.wait()
             ptr, self.ptr = self.ptr, ctypes.c_void_p()
+            loans, self.loans = list(self.loans.values()), {}
+        if loans:
+            log.warning("kvtier: cache closed with %d loans out; returning them (their arrays "
+                        "must not be read any more)", len(loans))
         if ptr:
+            for loan in loans:
+                lib.kvt_cache_return(ptr, ctypes.byref(loan))
             lib.kvt_cache_close(ptr)
         self.ctx.close()
 
 
 def _k(key: KeyLike) -> S.kvt_key:
     return Key(key).struct
+
+
+class Loan:
+    """A payload lent in place by the tier holding it (Cache.borrow): `array`
+    is a read-only uint8 view of the tier's own bytes (host memory of a dram
+    tier, page-locked and mapped for the GPU when the tier pins its slabs).
+    An hbm tier lends GPU memory: then `device` is True, `array` is None and
+    `address` is the device pointer.
+    The payload is neither moved nor freed while lent. close() (or the end of
+    a with block) gives it back; after that the array must not be read. A
+    loan nobody closed is given back once neither it nor its array is
+    referenced, or when the cache closes (with a warning)."""
+
+    def __init__(self, handle: _Handle, loan: S.kvt_cache_loan, key: Key, device: bool) -> None:
+        self.key = key
+        self.tier = int(loan.tier)
+        self.device = device  # GPU memory (an hbm tier): `array` is None, use `address`
+        self._len = int(loan.len)
+        self._addr = int(loan.data or 0)
+        if device:
+            self.array: Optional[np.ndarray] = None
+            self._finalizer = weakref.finalize(self, handle.give_back, loan)
+            return
+        # The finalizer hangs on the ctypes array under the numpy view, so the
+        # loan goes back once neither this object nor its array is referenced.
+        raw = (ctypes.c_uint8 * self._len).from_address(self._addr) if self._len else \
+            (ctypes.c_uint8 * 1)()
+        arr = np.ctypeslib.as_array(raw)[:self._len]
+        arr.flags.writeable = False
+        self.array = arr
+        self._finalizer = weakref.finalize(raw, handle.give_back, loan)
+
+    @property
+    def address(self) -> int:
+        """The payload's address (0 for an empty one)."""
+        return self._addr
+
+    def __len__(self) -> int:
+        return self._len
+
+    def close(self) -> None:
+        """Gives the payload back to its tier (idempotent)."""
+        self.array = None if self.device else np.zeros(0, np.uint8)
+        self._finalizer()
+
+    def __enter__(self) -> "Loan":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class Cache:
@@ -243,6 +313,36 @@ class Cache:
             buf = bytearray(size[0] if size else 0)
             n = self.get_into(key, buf)
         return None if n is None else bytes(memoryview(buf)[:n])
+
+    def borrow(self, key: KeyLike) -> Optional[Loan]:
+        """The payload under key lent in place by its hottest tier, without a
+        copy (kvt_cache_borrow), or None on a miss. Header checks as a get
+        (every section checksum too when the cache verifies). No promotion.
+        While the loan is out, a delete of the key (or an eviction) waits for
+        it: give the loan back before deleting the key in the same thread.
+
+        Raises Error: KVT_ENOTSUP (the hottest tier holding it cannot lend:
+        nvme, remote tiers; use get_into), EAGAIN (too many loans out at
+        once), KVT_EFOREIGN or a parse error (refused and deleted, as a get)."""
+        k = _k(key)
+        loan = S.init(S.kvt_cache_loan)
+        h = self._h
+        ptr = h.enter()  # close() waits for this call, and then finds the loan
+        try:
+            h.ctx.clear_logged()
+            rc = lib.kvt_cache_borrow(ptr, ctypes.byref(k), ctypes.byref(loan))
+            if rc == 0:
+                with h.cv:
+                    h.loans[id(loan)] = loan
+        finally:
+            h.leave()
+        if rc == ErrorCode.ENOTFOUND:
+            return None
+        if rc:
+            self._raise(rc, f"borrow {Key(key)}")
+        tier = self._call(lib.kvt_cache_tier, int(loan.tier))
+        device = bool(lib.kvt_tier_traits(tier) & TIER_DEVICE)
+        return Loan(h, loan, Key(key), device)
 
     def get_many_into(self, keys: Sequence[KeyLike], buffers: Sequence[Buffer], *,
                       max_in_flight: int = 0) -> List[GetResult]:

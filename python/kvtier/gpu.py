@@ -39,7 +39,7 @@ import numpy as np
 
 from . import _structs as S
 from ._buffers import read_buffer, write_buffer
-from ._context import Context
+from ._context import Context, ctx
 from ._loader import lib
 from .codec import Codec, _encode_params, codec_spec
 from .errors import Error, ErrorCode
@@ -340,7 +340,7 @@ class PinnedBuffer:
 def mem_kind(ptr: int) -> int:
     """Where ptr lives: MEM_PAGEABLE, MEM_PINNED or MEM_DEVICE (kvt_gpu_mem_kind)."""
     out = c_int(-1)
-    Context().call(lib.kvt_gpu_mem_kind, ptr, ctypes.byref(out))
+    ctx().call(lib.kvt_gpu_mem_kind, ptr, ctypes.byref(out))
     return int(out.value)
 
 

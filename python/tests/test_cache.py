@@ -67,6 +67,45 @@ def test_dram_put_get_query_delete_and_stats() -> None:
     cache.close()  # twice is fine
 
 
+def test_borrow_lends_the_tiers_own_bytes_until_returned(tmp_path: Path, caplog) -> None:
+    tokens, keys, payloads = _chunks(3)
+    with kvtier.Cache(f"dram:4MiB;nvme:{tmp_path}/n:16MiB", fingerprint=FP, chunk_tokens=CHUNK,
+                      promote=False) as cache:
+        _fill(cache, keys, payloads)
+        with cache.borrow(keys[1]) as loan:
+            assert isinstance(loan, kvtier.Loan) and loan.tier == 0
+            assert loan.array.tobytes() == payloads[1] and len(loan) == len(payloads[1])
+            assert not loan.array.flags.writeable
+            assert cache.stats().pinned >= 1
+            # A delete waits until the loan is given back; the bytes stay put.
+            deleter = threading.Thread(target=cache.delete, args=(keys[1],))
+            deleter.start()
+            deleter.join(0.2)
+            assert deleter.is_alive() and loan.array.tobytes() == payloads[1]
+        deleter.join(10)
+        assert not deleter.is_alive() and keys[1] not in cache
+        assert cache.stats().pinned == 0 and len(loan.array) == 0
+        assert cache.borrow(keys[1]) is None  # a miss
+        # The nvme tier cannot lend: KVT_ENOTSUP, and get_into still serves it.
+        nv = kvtier.Cache(f"nvme:{tmp_path}/only:16MiB", fingerprint=FP, chunk_tokens=CHUNK)
+        nv.put(keys[0], payloads[0])
+        with pytest.raises(kvtier.Error) as e:
+            nv.borrow(keys[0])
+        assert e.value.code == ErrorCode.ENOTSUP
+        assert nv.get(keys[0]) == payloads[0]
+        nv.close()
+        # A loan dropped without close() goes back once nothing references it;
+        # its array keeps it alive until then.
+        arr = cache.borrow(keys[2]).array
+        assert cache.stats().pinned >= 1 and arr.tobytes() == payloads[2]
+        del arr
+        assert cache.stats().pinned == 0
+        # A loan still out when the cache closes is returned, with a warning.
+        kept = cache.borrow(keys[0])
+    assert "1 loans out" in caplog.text
+    kept.close()  # after the cache closed: nothing to do
+
+
 def test_get_many_returns_hits_and_misses_in_order() -> None:
     _, keys, payloads = _chunks(4)
     with kvtier.Cache("dram:4MiB", fingerprint=FP) as cache:

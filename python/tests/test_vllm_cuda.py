@@ -108,3 +108,71 @@ def test_cuda_device_store_grows_into_a_bigger_buffer() -> None:
     assert e.value.code == ErrorCode.ENOBUFS
     big = dev.host_buffer(1 << 21)
     assert dev.store([0, 1], big, key=kvtier.Key(b"e" * 16), after=None) > 4096
+
+
+# --- the worker over the CUDA device ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def worker_classes() -> Any:
+    from vllm_stand_in import install_vllm_stand_in
+
+    install_vllm_stand_in()  # vLLM's own module where it is installed
+    from vllm.v1.kv_offload.base import GPULoadStoreSpec
+
+    from kvtier.vllm.manager import KvtierLoadSpec, KvtierStoreSpec
+    from kvtier.vllm.worker import KvtierWorker
+    return GPULoadStoreSpec, KvtierStoreSpec, KvtierLoadSpec, KvtierWorker
+
+
+@pytest.mark.parametrize("tiers", ["dram:64MiB", "dram:64MiB,pin=off", "nvme"])
+def test_worker_on_cuda_restores_chunks_through_each_kind_of_tier(worker_classes, tiers: str,
+                                                                  tmp_path) -> None:
+    """dram (pinned slabs): payloads are lent in place and loaded from there;
+    dram with pin=off: lent pageable bytes go through the thread's pinned
+    buffer; nvme: copied into it. A corrupt chunk is a failed load that
+    names it and every block from it on, and writes none of its blocks."""
+    GPULoadStoreSpec, KvtierStoreSpec, KvtierLoadSpec, KvtierWorker = worker_classes
+    raw, views = make_views()
+    spec = f"nvme:{tmp_path}/n:64MiB" if tiers == "nvme" else tiers
+    cache = kvtier.Cache(spec, fingerprint=FP, chunk_tokens=2 * N)
+    w = KvtierWorker(CudaDevice(views, SHAPE, "k16v8", FP, threads=4), cache, FP,
+                     chunk_tokens=2 * N, blocks_per_chunk=2, threads=4)
+    try:
+        okeys = [bytes([i]) * 32 + bytes(4) for i in range(4)]
+        src = [3, 1, 4, 0, 5, 9, 2, 6]
+        assert w.submit_store(1, GPULoadStoreSpec(src, group_sizes=[8], block_indices=[0]),
+                              KvtierStoreSpec(okeys, [None] + okeys[:-1]))
+        w.wait({1})
+        (res,) = w.get_finished()
+        assert res.success, w.stats
+        dst = [10, 11, 12, 13, 14, 15, 16, 17]
+        assert w.submit_load(2, KvtierLoadSpec(okeys), GPULoadStoreSpec(dst, group_sizes=[8],
+                                                                        block_indices=[0]))
+        w.wait({2})
+        (res,) = w.get_finished()
+        assert res.success, w.stats
+        k_src, _ = gather(views, src)
+        k_dst, v_dst = gather(views, dst)
+        assert np.array_equal(k_dst, k_src), "K is not bit-exact"
+        k_dec, v_dec = kvtier.decode(cache.get(w.key(okeys[1])))
+        assert np.array_equal(v_dst[:, 2 * N:4 * N], v_dec)  # chunk 1 is decode()'s values
+        # Chunk 2 corrupt (a section byte; put checks only the header).
+        key2 = w.key(okeys[2])
+        bad = bytearray(cache.get(key2))
+        bad[-100] ^= 0x10
+        cache.delete(key2)
+        cache.put(key2, bytes(bad))
+        dst2 = [18, 19, 20, 21, 22, 23]
+        before = gather(views, [22, 23])  # chunk 2's blocks
+        assert w.submit_load(3, KvtierLoadSpec(okeys[:3]),
+                             GPULoadStoreSpec(dst2, group_sizes=[6], block_indices=[0]))
+        w.wait({3})
+        (res,) = w.get_finished()
+        assert not res.success and res.failed_keys == [okeys[2]]
+        assert res.invalid_block_ids == [22, 23]
+        assert w.stats.reasons == {"KVT_ECHECKSUM": 1}
+        after = gather(views, [22, 23])
+        assert all(np.array_equal(a, b) for a, b in zip(before, after)), "wrote a corrupt chunk"
+        assert key2 not in cache and cache.stats().pinned == 0
+    finally:
+        w.shutdown()

@@ -183,8 +183,14 @@ def test_manager_forgets_absent_keys_of_shared_tiers_after_the_ttl() -> None:
 # --- the worker over the CPU stand-in --------------------------------------------
 
 
-@pytest.fixture
-def worker(tmp_path):
+def _tiers(kind: str, tmp_path) -> str:
+    # nvme: payloads are copied into the worker's host buffers; dram: they
+    # are borrowed in place (Cache.borrow), and handed to the device as is.
+    return f"nvme:{tmp_path}/nvme:64MiB" if kind == "nvme" else "dram:64MiB"
+
+
+@pytest.fixture(params=["nvme", "dram"])
+def worker(tmp_path, request):
     fp = model_fingerprint("m", SHAPE, "k16v8", 0, 1)
     layers = [torch.zeros((32, vs.KV_HEADS, 16, 2 * vs.HEAD_DIM), dtype=torch.bfloat16)
               for _ in range(vs.LAYERS)]
@@ -193,9 +199,10 @@ def worker(tmp_path):
     rng = np.random.default_rng(5)
     for t in dev.layers:  # finite bf16 values
         t[...] = (rng.standard_normal(t.shape, dtype=np.float32).view(np.uint32) >> 16)
-    w = KvtierWorker(dev, kvtier.Cache(f"nvme:{tmp_path}/nvme:64MiB", fingerprint=fp,
+    w = KvtierWorker(dev, kvtier.Cache(_tiers(request.param, tmp_path), fingerprint=fp,
                                        chunk_tokens=32),
                      fp, chunk_tokens=32, blocks_per_chunk=2)
+    w.tiers = request.param
     yield w
     w.shutdown()
 
@@ -236,7 +243,7 @@ def test_worker_reports_a_missing_payload_as_a_failed_load(worker) -> None:
     dst = GPULoadStoreSpec([5, 6, 7, 8], group_sizes=[4], block_indices=[0])
     res = _run(worker, worker.submit_load, 3, KvtierLoadSpec(okeys), dst)
     assert not res.success
-    assert res.failed_keys == [okeys[0]] and res.invalid_block_ids == [5, 6, 7, 8]
+    assert res.failed_keys == okeys and res.invalid_block_ids == [5, 6, 7, 8]
 
 
 def test_worker_reports_a_corrupt_payload_as_a_failed_load(worker) -> None:
@@ -268,7 +275,7 @@ def test_worker_reports_a_foreign_payload_as_a_failed_load(worker, tmp_path) -> 
         worker.cache.put(key, payload)
     assert e.value.code == kvtier.ErrorCode.EFOREIGN
     worker.cache.close()  # ... so it is planted as another process's cache could hold it
-    worker.cache = kvtier.Cache(f"nvme:{tmp_path}/nvme:64MiB", chunk_tokens=32)
+    worker.cache = kvtier.Cache(_tiers(worker.tiers, tmp_path), chunk_tokens=32)
     worker.cache.put(key, payload)
     before = [t.copy() for t in worker.device.layers]
     dst = GPULoadStoreSpec([20, 21], group_sizes=[2], block_indices=[0])
@@ -277,6 +284,27 @@ def test_worker_reports_a_foreign_payload_as_a_failed_load(worker, tmp_path) -> 
     assert worker.stats.reasons == {"KVT_EFOREIGN": 1}
     for t, old in zip(worker.device.layers, before):
         np.testing.assert_array_equal(t, old)  # nothing written
+
+
+def test_worker_spreads_a_job_over_its_threads_and_reports_from_the_first_failed_chunk(
+        worker) -> None:
+    okeys = _keys(6, salt=11)
+    src = GPULoadStoreSpec(list(range(1, 13)), group_sizes=[12], block_indices=[0])
+    res = _run(worker, worker.submit_store, 7, src,
+               KvtierStoreSpec(okeys, [None] + okeys[:-1]))
+    assert res.success and worker.cache.lookup_keys([worker.key(k) for k in okeys]) == 6
+    before = [t.copy() for t in worker.device.layers]
+    worker.cache.delete(worker.key(okeys[3]))  # a hole in the middle
+    dst = GPULoadStoreSpec(list(range(14, 26)), group_sizes=[12], block_indices=[0])
+    res = _run(worker, worker.submit_load, 8, KvtierLoadSpec(okeys), dst)
+    assert not res.success and res.failed_keys == [okeys[3]]
+    assert res.invalid_block_ids == list(range(20, 26))  # chunk 3 on: recomputed
+    assert worker.stats.reasons == {"KVT_ENOTFOUND": 1}
+    hd = vs.HEAD_DIM
+    for t, old in zip(worker.device.layers, before):
+        np.testing.assert_array_equal(t[14:20, :, :, :hd], old[1:7, :, :, :hd])  # chunks 0-2
+        np.testing.assert_array_equal(t[20:22], old[20:22])  # chunk 3: not written
+    assert worker.cache.stats().pinned == 0  # every loan went back
 
 
 def test_worker_reports_of_two_ranks_aggregate_before_the_manager_reads_them() -> None:

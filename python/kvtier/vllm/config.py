@@ -61,7 +61,7 @@ class PluginConfig:
     model_id: Optional[str] = None
     write_through: bool = True
     verify: bool = False
-    threads: int = 2
+    threads: int = 8
     device: Optional[str] = None
     probe_ttl_s: Optional[float] = None
 
@@ -73,7 +73,7 @@ class PluginConfig:
                           '"dram:8GiB;nvme:/var/cache/kvtier:1TiB"')
         codec = str(extra.get("codec", "k16v8"))
         CodecSpec(codec)  # raises kvtier.Error (KVT_ESPEC) for a bad spec
-        threads = int(extra.get("threads", 2))
+        threads = int(extra.get("threads", 8))
         if threads < 1:
             raise _refuse("threads", f"{threads} is not a positive count")
         ttl = extra.get("probe_ttl_s")

@@ -19,6 +19,7 @@ import numpy as np
 from .. import gpu
 from ..errors import Error, ErrorCode
 from ..keys import Key
+from ..payload import verify
 from .config import CacheShape
 
 
@@ -80,9 +81,28 @@ class CudaDevice:
     def load(self, payload: np.ndarray, block_ids: Sequence[int], *, key: Key) -> None:
         torch = self._torch
         s = self._stream()
+        if gpu.mem_kind(payload.ctypes.data) == gpu.MEM_PAGEABLE:
+            # Lent by a dram tier that does not pin its slabs: the kernel and
+            # the copy engine need page-locked memory.
+            buf = self._pinned(payload.size)
+            buf[:payload.size] = payload
+            payload = buf[:payload.size]
+        # Every section's XXH3 is checked here, on this thread, before the
+        # load is launched with trust=True: the handle serializes its calls,
+        # so a check inside kvt_gpu_load would let one thread check at a time.
+        # kvt_gpu_load still checks the header, key, fingerprint and shape.
+        verify(payload)
         with torch.cuda.stream(s):
             # A CUDA tensor of ids is taken as it is: the slots of a -1 block are
             # negative, and the load kernel skips slots outside the cache.
             ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.kv.device)
         self.kv.load(payload, ids, expect_key=key, expect_fingerprint=self.fingerprint,
-                     stream=s).wait()
+                     trust=True, stream=s).wait()
+
+    def _pinned(self, nbytes: int) -> np.ndarray:
+        buf: Optional[gpu.PinnedBuffer] = getattr(self._local, "staging", None)
+        if buf is None or len(buf) < nbytes:
+            if buf is not None:
+                buf.close()
+            buf = self._local.staging = gpu.PinnedBuffer(max(nbytes, 2 * len(buf) if buf else 0))
+        return buf.array

@@ -35,7 +35,7 @@ class DeviceSpec:
     tp_rank: int
     tp_size: int
     kv_cache_layout: Optional[str]  # vLLM's resolved layout name ("LBHNC", ...)
-    threads: int = 2  # the worker's transfer threads (each calls the device)
+    threads: int = 8  # the worker's transfer threads (each calls the device)
 
 
 def _load_factory(path: str) -> Callable[[DeviceSpec], KVDevice]:

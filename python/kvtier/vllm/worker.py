@@ -4,27 +4,32 @@ engine's paged KV cache and this rank's kvtier cache.
 
 A store compresses a chunk's blocks on the device into a host buffer (the
 fused store kernel, codec from the config) and puts the payload into the
-cache; a load gets the payload and has the device decode it into the
-destination blocks (the fused load kernel). Jobs run on a small thread
-pool, so submit_store/submit_load return at once; the device work is the
-KVDevice's (kvtier.gpu's CUDA handle, or any object with its methods).
+cache; a load borrows the payload where it lies (a dram tier lends its own
+page-locked bytes, no copy; other tiers copy it into a host buffer) and has
+the device decode it into the destination blocks (the fused load kernel).
+submit_store/submit_load return at once: a job's chunks are spread over the
+worker's transfer threads, each with its own CUDA stream and host buffer, so
+one request's chunks are checked, copied and loaded in parallel. The device
+work is the KVDevice's (kvtier.gpu's CUDA handle, or any object with its
+methods).
 
-A load that finds its payload missing, corrupt (checksums), foreign (another
+A load that finds a payload missing, corrupt (checksums), foreign (another
 model's fingerprint or another key) or of the wrong shape fails as a whole:
-its TransferResult says success=False and names the chunks and the engine
-blocks that were not written, and KvtierConnector reports them so vLLM
-recomputes those tokens. Nothing is written from a payload that failed its
-checks (the device verifies before it writes).
+its TransferResult says success=False, names the chunks that failed and
+every engine block from the first failed chunk on, and KvtierConnector
+reports them so vLLM recomputes those tokens. Nothing is written from a
+payload that failed its checks (the device verifies before it writes).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Set
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 import numpy as np
 from vllm.v1.kv_offload.base import (
@@ -35,7 +40,7 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 
-from ..cache import Cache
+from ..cache import Cache, Loan
 from ..errors import Error, ErrorCode
 from ..keys import Key
 from .config import chunk_key_of
@@ -120,16 +125,32 @@ def chunk_blocks(spec: GPULoadStoreSpec, nchunks: int, blocks_per_chunk: int) ->
     return [padded[i * blocks_per_chunk:(i + 1) * blocks_per_chunk] for i in range(nchunks)]
 
 
+class _Job:
+    """One submitted job: its chunks run as separate tasks on the transfer
+    threads; the last one to finish builds the job's result."""
+
+    def __init__(self, job_id: int, n: int, finish: Callable[[List[Any]], "KvtierTransferResult"],
+                 fallback: Callable[[], "KvtierTransferResult"]) -> None:
+        self.job_id = job_id
+        self.results: List[Any] = [None] * n
+        self.remaining = n
+        self.finish = finish
+        self.fallback = fallback  # the result when finish itself raises (a bug)
+        self.future: "Future[KvtierTransferResult]" = Future()
+        self.t0 = time.perf_counter()
+
+
 class KvtierWorker(OffloadingWorker):
     """OffloadingWorker over one rank's kvtier cache and KV device.
 
     cache: the rank's Cache (opened with the rank's fingerprint); owned.
     fingerprint: the rank's model fingerprint (kvtier.vllm.config).
     chunk_tokens, blocks_per_chunk: the offloaded chunk's size.
+    threads: transfer threads; every chunk of every job is one task on them.
     """
 
     def __init__(self, device: KVDevice, cache: Cache, fingerprint: Key, chunk_tokens: int,
-                 blocks_per_chunk: int, threads: int = 2) -> None:
+                 blocks_per_chunk: int, threads: int = 4) -> None:
         self.device = device
         self.cache = cache
         self.fingerprint = fingerprint
@@ -139,7 +160,7 @@ class KvtierWorker(OffloadingWorker):
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvtier-vllm")
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._jobs: Dict[int, Future[KvtierTransferResult]] = {}
+        self._jobs: Dict[int, _Job] = {}
         self._done: List[KvtierTransferResult] = []
 
     def key(self, offload_key: OffloadKey) -> Key:
@@ -151,14 +172,52 @@ class KvtierWorker(OffloadingWorker):
         assert isinstance(dst_spec, KvtierStoreSpec), dst_spec
         blocks = chunk_blocks(src_spec, len(dst_spec.keys), self.blocks_per_chunk)
         after = self.device.mark()
-        self._submit(job_id, self._store, job_id, dst_spec, blocks, after)
+        keys = [self.key(k) for k in dst_spec.keys]
+        prevs = [self.key(p) if p is not None else None for p in dst_spec.prevs]
+        tasks = [(self._store_chunk, (keys[i], ids, after)) for i, ids in enumerate(blocks)]
+
+        def finish(results: List[Any]) -> KvtierTransferResult:
+            failed = [dst_spec.keys[i] for i, r in enumerate(results) if isinstance(r, Exception)]
+            self._link(keys, prevs, results)
+            with self._lock:
+                self.stats.stores += 1
+                self.stats.failed_stores += bool(failed)
+            nbytes = sum(r for r in results if isinstance(r, int))
+            return KvtierTransferResult(job_id, not failed, transfer_size=nbytes,
+                                        failed_keys=failed)
+
+        def fallback() -> KvtierTransferResult:
+            return KvtierTransferResult(job_id, False, failed_keys=list(dst_spec.keys))
+
+        self._submit(job_id, tasks, finish, fallback)
         return True
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
                     expedited: bool = False) -> bool:
         assert isinstance(src_spec, KvtierLoadSpec), src_spec
         blocks = chunk_blocks(dst_spec, len(src_spec.keys), self.blocks_per_chunk)
-        self._submit(job_id, self._load, job_id, src_spec, blocks)
+        tasks = [(self._load_chunk, (self.key(k), ids)) for k, ids in zip(src_spec.keys, blocks)]
+
+        def finish(results: List[Any]) -> KvtierTransferResult:
+            bad = [i for i, r in enumerate(results) if isinstance(r, Exception)]
+            nbytes = sum(r for r in results if isinstance(r, int))
+            with self._lock:
+                self.stats.loads += 1
+                self.stats.failed_loads += bool(bad)
+            if not bad:
+                return KvtierTransferResult(job_id, True, transfer_size=nbytes)
+            # vLLM recomputes from the first invalid block on: every block of
+            # the first failed chunk and of all chunks after it is reported.
+            invalid = [b for chunk in blocks[bad[0]:] for b in chunk if b >= 0]
+            return KvtierTransferResult(job_id, False, transfer_size=nbytes,
+                                        failed_keys=[src_spec.keys[i] for i in bad],
+                                        invalid_block_ids=invalid)
+
+        def fallback() -> KvtierTransferResult:
+            return KvtierTransferResult(job_id, False, failed_keys=list(src_spec.keys),
+                                        invalid_block_ids=[b for c in blocks for b in c if b >= 0])
+
+        self._submit(job_id, tasks, finish, fallback)
         return True
 
     def get_finished(self) -> List[TransferResult]:
@@ -168,9 +227,9 @@ class KvtierWorker(OffloadingWorker):
 
     def wait(self, job_ids: Set[int]) -> None:
         with self._lock:
-            futures = [self._jobs[j] for j in job_ids if j in self._jobs]
+            futures = [self._jobs[j].future for j in job_ids if j in self._jobs]
         for f in futures:
-            f.exception()  # waits; a raising job already queued its result
+            f.result()  # the job's result is queued before its future is set
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
@@ -192,27 +251,48 @@ class KvtierWorker(OffloadingWorker):
 
     # --- jobs ----------------------------------------------------------------------
 
-    def _submit(self, job_id: int, fn: Any, *args: Any) -> None:
+    def _submit(self, job_id: int, tasks: List[Tuple[Any, tuple]],
+                finish: Callable[[List[Any]], KvtierTransferResult],
+                fallback: Callable[[], KvtierTransferResult]) -> None:
+        job = _Job(job_id, len(tasks), finish, fallback)
         with self._lock:
-            fut = self._pool.submit(self._run, fn, *args)
-            self._jobs[job_id] = fut
+            self._jobs[job_id] = job
+        if not tasks:
+            self._complete(job)
+            return
+        # In chunk order: the pool takes tasks first in, first out, so a
+        # request's leading chunks start first.
+        for i, (fn, args) in enumerate(tasks):
+            self._pool.submit(self._task, job, i, fn, args)
 
-    def _run(self, fn: Any, job_id: int, *args: Any) -> KvtierTransferResult:
-        t0 = time.perf_counter()
+    def _task(self, job: _Job, i: int, fn: Any, args: tuple) -> None:
         try:
-            result: KvtierTransferResult = fn(job_id, *args)
+            r: Any = fn(*args)
+        except Error as e:
+            self._reason(e.name)
+            r = e
         except Exception as e:  # a bug, not a payload: still report the job
-            log.exception("kvtier.vllm: job %d failed", job_id)
-            keys = list(getattr(args[0], "keys", []))
-            blocks = [b for chunk in args[1] for b in chunk if b >= 0]
-            result = KvtierTransferResult(job_id, False, failed_keys=keys,
-                                          invalid_block_ids=blocks)
+            log.exception("kvtier.vllm: a chunk of job %d failed", job.job_id)
             self._reason(type(e).__name__)
-        result.transfer_time = time.perf_counter() - t0
+            r = e
+        with self._lock:
+            job.results[i] = r
+            job.remaining -= 1
+            last = job.remaining == 0
+        if last:
+            self._complete(job)
+
+    def _complete(self, job: _Job) -> None:
+        try:
+            result = job.finish(job.results)
+        except Exception:
+            log.exception("kvtier.vllm: job %d failed", job.job_id)
+            result = job.fallback()
+        result.transfer_time = time.perf_counter() - job.t0
         with self._lock:
             self._done.append(result)
-            self._jobs.pop(job_id, None)
-        return result
+            self._jobs.pop(job.job_id, None)
+        job.future.set_result(result)
 
     def _reason(self, name: str) -> None:
         with self._lock:
@@ -226,29 +306,24 @@ class KvtierWorker(OffloadingWorker):
             local.buf = self.device.host_buffer(size)
         return local.buf
 
-    def _store(self, job_id: int, spec: KvtierStoreSpec, blocks: List[List[int]],
-               after: Any) -> KvtierTransferResult:
-        failed: List[OffloadKey] = []
-        nbytes = 0
-        for okey, prev, ids in zip(spec.keys, spec.prevs, blocks):
-            key = self.key(okey)
-            try:
-                if self.cache.query(key) is not None:
-                    continue  # held already (another engine, or before a restart)
-                n = self._store_chunk(ids, key, after)
-                self.cache.put(key, self._buffer(n)[:n],
-                               prev=self.key(prev) if prev is not None else None)
-                nbytes += n
-            except Error as e:
-                log.warning("kvtier.vllm: store of chunk %s failed: %s", key, e)
-                self._reason(e.name)
-                failed.append(okey)
-        with self._lock:
-            self.stats.stores += 1
-            self.stats.failed_stores += bool(failed)
-        return KvtierTransferResult(job_id, not failed, transfer_size=nbytes, failed_keys=failed)
+    # --- store -------------------------------------------------------------------
 
-    def _store_chunk(self, ids: List[int], key: Key, after: Any) -> int:
+    def _store_chunk(self, key: Key, ids: List[int], after: Any) -> int:
+        """Stores one chunk; returns the payload's bytes (0: held already)."""
+        try:
+            if self.cache.query(key) is not None:
+                return 0  # held already (another engine, or before a restart)
+            n = self._encode(ids, key, after)
+            # The chain link (prev) is made once the job's chunks are all in
+            # (_link): a chunk put before its predecessor would otherwise be
+            # an orphan, which may only take free room.
+            self.cache.put(key, self._buffer(n)[:n])
+            return n
+        except Error as e:
+            log.warning("kvtier.vllm: store of chunk %s failed: %s", key, e)
+            raise
+
+    def _encode(self, ids: List[int], key: Key, after: Any) -> int:
         buf = self._buffer(1 << 20)
         while True:
             try:
@@ -258,37 +333,62 @@ class KvtierWorker(OffloadingWorker):
                     raise
                 buf = self._buffer(2 * buf.size)
 
-    def _load(self, job_id: int, spec: KvtierLoadSpec, blocks: List[List[int]]) -> KvtierTransferResult:
-        nbytes = 0
-        for i, (okey, ids) in enumerate(zip(spec.keys, blocks)):
-            key = self.key(okey)
-            payload = None
-            try:
-                payload = self._get(key)
-                if payload is None:
-                    raise Error(ErrorCode.ENOTFOUND,
-                                detail=f"get {key}: no payload (evicted, or never stored)")
-                self.device.load(payload, ids, key=key)
-                nbytes += len(payload)
-            except Error as e:
-                if payload is not None:
-                    # The cache served it but the device refused it (a section
-                    # checksum, the shape): drop it, or the recomputed chunk's
-                    # store would find the key held and keep the bad payload.
-                    self._drop(key)
-                # This chunk and every later one stay unwritten: vLLM recomputes
-                # from the first invalid block on.
-                log.warning("kvtier.vllm: load of chunk %s failed, recomputing: %s", key, e)
-                self._reason(e.name)
-                invalid = [b for chunk in blocks[i:] for b in chunk if b >= 0]
-                with self._lock:
-                    self.stats.loads += 1
-                    self.stats.failed_loads += 1
-                return KvtierTransferResult(job_id, False, transfer_size=nbytes,
-                                            failed_keys=[okey], invalid_block_ids=invalid)
-        with self._lock:
-            self.stats.loads += 1
-        return KvtierTransferResult(job_id, True, transfer_size=nbytes)
+    def _link(self, keys: List[Key], prevs: List[Optional[Key]], results: List[Any]) -> None:
+        """Chains the job's chunks to their predecessors in the cache's index
+        (for prefix-aware eviction): a walk over the chain from the first
+        chunk's predecessor relinks every held chunk to the one before it."""
+        chain = list(keys)
+        try:
+            if prevs and prevs[0] is not None and self.cache.query(prevs[0]) is not None:
+                chain.insert(0, prevs[0])
+            if len(chain) > 1:
+                self.cache.lookup_keys(chain)
+        except Error as e:
+            log.warning("kvtier.vllm: linking stored chunks failed: %s", e)
+
+    # --- load --------------------------------------------------------------------
+
+    def _load_chunk(self, key: Key, ids: List[int]) -> int:
+        """Loads one chunk into ids; returns the payload's bytes. Raises
+        Error (the chunk's blocks are then not written)."""
+        loan: Optional[Loan] = None
+        payload: Optional[np.ndarray] = None
+        try:
+            loan, payload = self._fetch(key)
+            if payload is None:
+                raise Error(ErrorCode.ENOTFOUND,
+                            detail=f"get {key}: no payload (evicted, or never stored)")
+            self.device.load(payload, ids, key=key)
+            return len(payload)
+        except Error as e:
+            if loan is not None:
+                loan.close()  # a delete waits for the loan
+                loan = None
+            if payload is not None:
+                # The cache served it but the device refused it (a section
+                # checksum, the shape): drop it, or the recomputed chunk's
+                # store would find the key held and keep the bad payload.
+                self._drop(key)
+            log.warning("kvtier.vllm: load of chunk %s failed, recomputing: %s", key, e)
+            raise
+        finally:
+            if loan is not None:
+                loan.close()
+
+    def _fetch(self, key: Key) -> Tuple[Optional[Loan], Optional[np.ndarray]]:
+        """The payload under key: lent in place by a memory tier, else copied
+        into this thread's host buffer; (None, None) on a miss."""
+        try:
+            loan = self.cache.borrow(key)
+        except Error as e:
+            if e.code not in (ErrorCode.ENOTSUP, -errno.EAGAIN):
+                raise
+            loan = None  # a tier that cannot lend (nvme, remote), or loans all out
+        if loan is not None and loan.array is not None:
+            return loan, loan.array
+        if loan is not None:  # GPU memory (an hbm tier): copied out like nvme's
+            loan.close()
+        return None, self._get(key)
 
     def _drop(self, key: Key) -> None:
         try:
@@ -309,4 +409,3 @@ class KvtierWorker(OffloadingWorker):
         buf = self._buffer(size[0])
         n = self.cache.get_into(key, buf)
         return None if n is None else buf[:n]
-

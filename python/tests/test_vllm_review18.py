@@ -1,0 +1,198 @@
+"""Review of issue 18 (branch review18): the plug-in worker and Cache.borrow
+under adversarial use. Tests marked FAILS-NOW reproduce defects at 8c95c7b."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed in this Python")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from vllm.v1.kv_offload.base import GPULoadStoreSpec, make_offload_key  # noqa: E402
+
+import kvtier  # noqa: E402
+from kvtier.vllm import KvtierLoadSpec, KvtierStoreSpec, KvtierWorker  # noqa: E402
+from kvtier.vllm.config import CacheShape, model_fingerprint  # noqa: E402
+from kvtier.vllm.spec import DeviceSpec  # noqa: E402
+import vllm_support as vs  # noqa: E402
+
+SHAPE = CacheShape(layers=vs.LAYERS, kv_heads=vs.KV_HEADS, head_dim=vs.HEAD_DIM, dtype="bf16",
+                   block_size=16, num_blocks=64, layer_names=("layer.0", "layer.1"))
+FP = model_fingerprint("m", SHAPE, "k16v8", 0, 1)
+
+
+def _keys(n: int, salt: int = 0) -> list:
+    return [make_offload_key(bytes([salt, i]) * 16, 0) for i in range(n)]
+
+
+class SlowDevice(vs.CpuDevice):
+    """The CPU stand-in, with a delay per store / load and an optional error."""
+
+    store_s = 0.0
+    load_s = 0.0
+    load_error: object = None
+
+    def store(self, *a, **kw):
+        time.sleep(self.store_s)
+        return super().store(*a, **kw)
+
+    def load(self, *a, **kw):
+        time.sleep(self.load_s)
+        if self.load_error is not None:
+            raise self.load_error
+        return super().load(*a, **kw)
+
+
+def _worker(tiers: str = "dram:64MiB", threads: int = 4) -> KvtierWorker:
+    layers = [torch.zeros((64, vs.KV_HEADS, 16, 2 * vs.HEAD_DIM), dtype=torch.bfloat16)
+              for _ in range(vs.LAYERS)]
+    dev = SlowDevice(DeviceSpec(layers=layers, shape=SHAPE, codec="k16v8", fingerprint=FP,
+                                tp_rank=0, tp_size=1, kv_cache_layout=None))
+    rng = np.random.default_rng(5)
+    for t in dev.layers:
+        t[...] = (rng.standard_normal(t.shape, dtype=np.float32).view(np.uint32) >> 16)
+    return KvtierWorker(dev, kvtier.Cache(tiers, fingerprint=FP, chunk_tokens=32), FP,
+                        chunk_tokens=32, blocks_per_chunk=2, threads=threads)
+
+
+def _run(w, submit, job, *args):
+    assert submit(job, *args)
+    w.wait({job})
+    (res,) = w.get_finished()
+    return res
+
+
+def _store(w, job, okeys, first_block=0):
+    n = 2 * len(okeys)
+    src = GPULoadStoreSpec(list(range(first_block, first_block + n)), group_sizes=[n],
+                           block_indices=[0])
+    return _run(w, w.submit_store, job, src,
+                KvtierStoreSpec(okeys, [None] + okeys[:-1]))
+
+
+def test_expedited_load_does_not_wait_for_queued_stores() -> None:
+    """FAILS-NOW. vLLM (kv_offload/base.py:676): 'An expedited load is waited
+    on within the step, so it should not queue behind regular loads.' The
+    worker ignores `expedited`: a sync load queues behind every store chunk
+    already submitted, and start_kv_transfers() blocks the step on it."""
+    w = _worker(threads=2)
+    try:
+        okeys = _keys(1, salt=1)
+        assert _store(w, 1, okeys).success
+        w.device.store_s = 0.2
+        big = _keys(16, salt=2)  # 16 chunks x 0.2 s over 2 threads: 1.6 s of stores
+        src = GPULoadStoreSpec(list(range(32, 64)), group_sizes=[32], block_indices=[0])
+        assert w.submit_store(2, src, KvtierStoreSpec(big, [None] + big[:-1]))
+        t0 = time.perf_counter()
+        dst = GPULoadStoreSpec([10, 11], group_sizes=[2], block_indices=[0])
+        assert w.submit_load(3, KvtierLoadSpec(okeys), dst, expedited=True)
+        w.wait({3})
+        waited = time.perf_counter() - t0
+        w.wait({2})
+        assert waited < 0.8, f"the expedited load waited {waited:.2f} s behind stores"
+    finally:
+        w.shutdown()
+
+
+def test_a_transient_device_error_does_not_delete_a_good_payload() -> None:
+    """FAILS-NOW. Any kvtier.Error from device.load (KVT_ECUDA, -ENOMEM:
+    the payload is fine) makes _load_chunk delete the payload from the cache
+    (every tier, shared ones too)."""
+    w = _worker()
+    try:
+        okeys = _keys(1, salt=3)
+        assert _store(w, 1, okeys).success
+        w.device.load_error = kvtier.Error(kvtier.ErrorCode.ECUDA, detail="out of memory")
+        dst = GPULoadStoreSpec([10, 11], group_sizes=[2], block_indices=[0])
+        assert not _run(w, w.submit_load, 2, KvtierLoadSpec(okeys), dst).success
+        assert w.cache.query(w.key(okeys[0])) is not None, "a good payload was deleted"
+    finally:
+        w.shutdown()
+
+
+def test_a_job_larger_than_the_tier_keeps_its_prefix() -> None:
+    """FAILS-NOW. Stores put every chunk without prev (a root), so a job's
+    later chunks evict its own first chunks (the coldest roots); the job is
+    reported successful and the manager counts every chunk as held, while
+    the cache holds a tail no lookup can reach. Put with prev in order (the
+    cache's prefix-aware placement), the tail is refused instead."""
+    probe = _worker()
+    okeys = _keys(12, salt=4)
+    assert _store(probe, 1, okeys[:1]).success
+    size = probe.cache.query(probe.key(okeys[0]))[0]
+    probe.shutdown()
+    w = _worker(tiers=f"dram:{6 * size + 4096}", threads=4)
+    try:
+        res = _store(w, 1, okeys)
+        keys = [w.key(k) for k in okeys]
+        held = [w.cache.query(k) is not None for k in keys]
+        prefix = w.cache.lookup_keys(keys)
+        stored = len(okeys) - len(res.failed_keys)
+        print("success", res.success, "failed", len(res.failed_keys), "held", held,
+              "prefix", prefix)
+        assert prefix == stored, (f"{stored} chunks reported stored, only {prefix} "
+                                  f"reachable from the start; held: {held}")
+    finally:
+        w.shutdown()
+
+
+def test_many_threads_over_the_dram_pin_limit_load_everything() -> None:
+    """More transfer threads than the dram tier's 64 pins: borrow says
+    EAGAIN, the worker copies instead; every loan goes back."""
+    w = _worker(threads=80)
+    try:
+        okeys = _keys(24, salt=5)
+        assert _store(w, 1, okeys).success
+        w.device.load_s = 0.05
+        jobs = []
+        for j in range(5):
+            dst = GPULoadStoreSpec(list(range(0, 48)), group_sizes=[48], block_indices=[0])
+            assert w.submit_load(10 + j, KvtierLoadSpec(okeys), dst)
+            jobs.append(10 + j)
+        w.wait(set(jobs))
+        res = w.get_finished()
+        assert len(res) == 5 and all(r.success for r in res)
+        assert w.cache.stats().pinned == 0
+    finally:
+        w.shutdown()
+
+
+def test_submit_after_shutdown_does_not_leave_a_job_that_wait_hangs_on() -> None:
+    """FAILS-NOW. After shutdown() the pool refuses tasks: submit_load raises
+    RuntimeError but the job stays registered, so wait() never returns."""
+    w = _worker()
+    okeys = _keys(2, salt=6)
+    w.shutdown()
+    dst = GPULoadStoreSpec([10, 11, 12, 13], group_sizes=[4], block_indices=[0])
+    with pytest.raises(Exception):
+        w.submit_load(1, KvtierLoadSpec(okeys), dst)
+    t = threading.Thread(target=w.wait, args=({1},), daemon=True)
+    t.start()
+    t.join(2)
+    assert not t.is_alive(), "wait() hangs on a job that was never submitted"
+
+
+def test_two_jobs_refusing_the_same_lent_payload_do_not_deadlock() -> None:
+    """Both loaders hold a loan on one key; each drops it after its refusal:
+    the first delete waits for the other's loan, which goes back first."""
+    w = _worker(threads=2)
+    try:
+        okeys = _keys(1, salt=7)
+        assert _store(w, 1, okeys).success
+        w.device.load_s = 0.3
+        w.device.load_error = kvtier.Error(kvtier.ErrorCode.ESHAPE, detail="refused")
+        for j in (2, 3):
+            dst = GPULoadStoreSpec([10 + 2 * j, 11 + 2 * j], group_sizes=[2], block_indices=[0])
+            assert w.submit_load(j, KvtierLoadSpec(okeys), dst)
+        done = threading.Event()
+        threading.Thread(target=lambda: (w.wait({2, 3}), done.set()), daemon=True).start()
+        assert done.wait(5), "deadlock"
+        res = w.get_finished()
+        assert len(res) == 2 and not any(r.success for r in res)
+        assert w.cache.stats().pinned == 0 and w.cache.query(w.key(okeys[0])) is None
+    finally:
+        w.shutdown()

@@ -5,6 +5,7 @@ at once; each call releases the GIL while the library works."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import threading
 import weakref
@@ -78,8 +79,9 @@ class GetResult(NamedTuple):
 
 
 class _Handle:
-    """The kvt_cache and its context, closed once no call is in flight; it
-    also tracks the loans out (Cache.borrow)."""
+    """The kvt_cache and its context. close() stops new calls at once; the
+    C cache is closed when the last call in flight has returned and the last
+    loan (Cache.borrow) is back, so a lent array never outlives its tier."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -99,29 +101,30 @@ class _Handle:
     def leave(self) -> None:
         with self.cv:
             self.busy -= 1
-            if self.busy == 0:
-                self.cv.notify_all()
+            self._finish()
 
     def give_back(self, loan: S.kvt_cache_loan) -> None:
         with self.cv:
             if self.loans.pop(id(loan), None) is not None and self.ptr:
                 lib.kvt_cache_return(self.ptr, ctypes.byref(loan))
+            self._finish()
 
     def close(self) -> None:
         with self.cv:
+            if not self.closed and self.loans:
+                log.warning("kvtier: cache closed with %d loans out: its tiers close once "
+                            "they are returned", len(self.loans))
             self.closed = True
-            while self.busy:
-                self.cv.wait()
+            self._finish()
+
+    def _finish(self) -> None:
+        """Closes the C cache once closed, idle and with no loan out (cv held)."""
+        if self.closed and self.busy == 0 and not self.loans and self.ptr:
             ptr, self.ptr = self.ptr, ctypes.c_void_p()
-            loans, self.loans = list(self.loans.values()), {}
-        if loans:
-            log.warning("kvtier: cache closed with %d loans out; returning them (their arrays "
-                        "must not be read any more)", len(loans))
-        if ptr:
-            for loan in loans:
-                lib.kvt_cache_return(ptr, ctypes.byref(loan))
             lib.kvt_cache_close(ptr)
-        self.ctx.close()
+            self.ctx.close()
+        elif self.closed and not self.ptr and self.busy == 0:
+            self.ctx.close()  # never opened: the context alone
 
 
 def _k(key: KeyLike) -> S.kvt_key:
@@ -137,7 +140,8 @@ class Loan:
     The payload is neither moved nor freed while lent. close() (or the end of
     a with block) gives it back; after that the array must not be read. A
     loan nobody closed is given back once neither it nor its array is
-    referenced, or when the cache closes (with a warning)."""
+    referenced. A cache closed with loans out closes its tiers only once
+    they are all back (with a warning)."""
 
     def __init__(self, handle: _Handle, loan: S.kvt_cache_loan, key: Key, device: bool) -> None:
         self.key = key
@@ -150,12 +154,11 @@ class Loan:
             self._finalizer = weakref.finalize(self, handle.give_back, loan)
             return
         # The finalizer hangs on the ctypes array under the numpy view, so the
-        # loan goes back once neither this object nor its array is referenced.
+        # loan goes back once neither this object nor its array is referenced;
+        # the view is of a read-only memoryview, so it cannot be made writable.
         raw = (ctypes.c_uint8 * self._len).from_address(self._addr) if self._len else \
             (ctypes.c_uint8 * 1)()
-        arr = np.ctypeslib.as_array(raw)[:self._len]
-        arr.flags.writeable = False
-        self.array = arr
+        self.array = np.frombuffer(memoryview(raw).toreadonly(), np.uint8)[:self._len]
         self._finalizer = weakref.finalize(raw, handle.give_back, loan)
 
     @property
@@ -193,7 +196,7 @@ class Cache:
         headroom_pct % of each upper tier free.
     links: per tier, a link preset or GB/s for plan_restore().
 
-    Use as a context manager, or call close(); no call may be in flight then.
+    Use as a context manager, or call close().
     Raises Error from kvt_cache_open (a bad spec: -EINVAL or KVT_ESPEC).
     """
 
@@ -251,7 +254,9 @@ class Cache:
     # --- lifetime ------------------------------------------------------------
 
     def close(self) -> None:
-        """Closes the tiers (waits for calls in flight). Idempotent."""
+        """Closes the cache: calls after this raise ValueError. The tiers
+        close at once, or, when calls are in flight on other threads or loans
+        are out, as soon as the last of them ends. Idempotent."""
         self._finalizer()
 
     @property
@@ -318,8 +323,9 @@ class Cache:
         """The payload under key lent in place by its hottest tier, without a
         copy (kvt_cache_borrow), or None on a miss. Header checks as a get
         (every section checksum too when the cache verifies). No promotion.
-        While the loan is out, a delete of the key (or an eviction) waits for
-        it: give the loan back before deleting the key in the same thread.
+        While the loan is out, eviction passes the payload over and a delete
+        of the key waits: give the loan back before deleting the key in the
+        same thread.
 
         Raises Error: KVT_ENOTSUP (the hottest tier holding it cannot lend:
         nvme, remote tiers; use get_into), EAGAIN (too many loans out at
@@ -338,6 +344,9 @@ class Cache:
             h.leave()
         if rc == ErrorCode.ENOTFOUND:
             return None
+        if rc == -errno.EAGAIN:
+            self._raise(rc, f"borrow {Key(key)}: too many loans out at once (return some, "
+                        "or copy with get_into)")
         if rc:
             self._raise(rc, f"borrow {Key(key)}")
         tier = self._call(lib.kvt_cache_tier, int(loan.tier))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import queue
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -486,6 +487,10 @@ class PagedKV:
         small device status word): their host-side sealing (the payload's
         XXH3 checksums, bound by one CPU core each) runs in parallel in
         store_many().
+    load_handles: how many loads may be launched at once from different
+        threads, each with its own staging_bytes of device memory and copy
+        stream (a staged load's call lasts until its last piece is queued,
+        and calls on one handle take turns).
 
     Block ids index the tensors' first (block) axis; token t of a transfer
     of block ids B is token t % block_size of block B[t // block_size].
@@ -499,7 +504,8 @@ class PagedKV:
 
     def __init__(self, layers: Sequence[Any], *, layout: str = "vllm",
                  head_dim: Optional[int] = None, layer_begin: int = 0, model_layers: int = 0,
-                 staging_bytes: int = STAGING_DEFAULT, store_handles: int = 4) -> None:
+                 staging_bytes: int = STAGING_DEFAULT, store_handles: int = 4,
+                 load_handles: int = 1) -> None:
         torch = _torch()
         self._tensors = list(layers)
         if not self._tensors:
@@ -545,10 +551,14 @@ class PagedKV:
         d.k_layers = ctypes.cast(ptrs, POINTER(c_void_p))
         self._handles: List[_Handle] = []
         self._finalizer = weakref.finalize(self, PagedKV._release, self._handles)
+        n_load = max(1, int(load_handles))
+        self._loaders: "queue.SimpleQueue[_Handle]" = queue.SimpleQueue()
         with torch.cuda.device(self.device):
-            for i in range(max(1, int(store_handles))):
-                d.staging_bytes = staging_bytes if i == 0 else 0  # loads use handle 0
+            for i in range(max(1, int(store_handles), n_load)):
+                d.staging_bytes = staging_bytes if i < n_load else 0  # the first ones load
                 self._handles.append(_Handle(d))
+                if i < n_load:
+                    self._loaders.put(self._handles[-1])
 
     @staticmethod
     def _release(handles: List[_Handle]) -> None:
@@ -811,7 +821,11 @@ class PagedKV:
         with torch.cuda.stream(ts):
             slots, n = self._slots(block_ids, num_tokens)
             lp.tokens, lp.slots = n, slots.data_ptr()
-            self._call(None, lib.kvt_gpu_load, src, n_bytes, ctypes.byref(lp), sptr)
+            loader = self._loaders.get()  # a free load handle (waits for one)
+            try:
+                self._call(loader, lib.kvt_gpu_load, src, n_bytes, ctypes.byref(lp), sptr)
+            finally:
+                self._loaders.put(loader)
             done = torch.cuda.Event()
             done.record(ts)
         return Transfer(done, [slots, keep, refs, events])

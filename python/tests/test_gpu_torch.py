@@ -9,6 +9,7 @@ refused. Skips without torch, a CUDA device or a CUDA build of libkvtier."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, List, Tuple
 
 import numpy as np
@@ -281,3 +282,27 @@ def test_fp8_mla_and_mixed_layers_are_refused() -> None:
     assert e.value.code == ErrorCode.ESHAPE
     with pytest.raises(TypeError):
         kg.PagedKV([views[0].cpu()])
+
+
+def test_loads_from_several_threads_share_the_load_handles() -> None:
+    """load_handles=2 and 4 threads: each thread's loads on its own stream
+    take whichever load handle is free; every chunk lands where it should."""
+    raw, views = make_cache()
+    kv = kg.PagedKV(views, load_handles=2, staging_bytes=4 << 20)
+    src, dst = shuffled_ids(8, seed=21)
+    bufs = []
+    for i in range(4):
+        b = kg.PinnedBuffer(kv.store_bound(2 * N, "raw"))
+        kv.store(src[2 * i:2 * i + 2], b, codec="raw")
+        bufs.append(b)
+
+    def load(i: int) -> None:
+        s = torch.cuda.Stream()
+        for _ in range(5):
+            kv.load(bufs[i], dst[2 * i:2 * i + 2], stream=s).wait()
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(load, range(4)))
+    torch.cuda.synchronize()
+    for v in views:
+        assert torch.equal(v[torch.as_tensor(dst)], v[torch.as_tensor(src)])

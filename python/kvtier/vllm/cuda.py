@@ -23,6 +23,9 @@ from ..payload import verify
 from .config import CacheShape
 
 
+LOAD_STAGING = 32 << 20  # device memory per load handle
+
+
 class CudaDevice:
     """KVDevice over vLLM's per-layer caches [num_blocks, heads, block_size,
     2*head_dim] (layout "vllm": any of vLLM 0.33's KVCacheLayouts), with
@@ -36,8 +39,11 @@ class CudaDevice:
             raise Error(ErrorCode.ENOTSUP, detail=f"{t0.shape[0]} kernel blocks for "
                         f"{shape.num_blocks} vLLM blocks: kernel block sizes smaller than the "
                         "block size are not supported")
+        # Loads of several threads launch at once on up to 4 handles, each
+        # with 32 MiB of staging memory (128 MiB of device memory in all).
         self.kv = gpu.PagedKV(list(layers), layout="vllm", head_dim=shape.head_dim,
-                              model_layers=shape.layers, store_handles=max(4, threads))
+                              model_layers=shape.layers, store_handles=max(4, threads),
+                              load_handles=min(4, threads), staging_bytes=LOAD_STAGING)
         if self.kv.block_size != shape.block_size or self.kv.heads != shape.kv_heads:
             raise Error(ErrorCode.ESHAPE, detail=f"tensors of {self.kv.heads} heads x "
                         f"{self.kv.block_size} tokens per block; vLLM's spec says "

@@ -24,10 +24,12 @@ payload that failed its checks (the device verifies before it writes).
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
+import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
@@ -125,6 +127,16 @@ def chunk_blocks(spec: GPULoadStoreSpec, nchunks: int, blocks_per_chunk: int) ->
     return [padded[i * blocks_per_chunk:(i + 1) * blocks_per_chunk] for i in range(nchunks)]
 
 
+PRIO_EXPEDITED, PRIO_LOAD, PRIO_STORE, PRIO_STOP = 0, 1, 2, 3
+
+# Refusals caused by the payload's bytes: such a payload is deleted, so the
+# recomputed chunk is stored again. Other errors (KVT_ECUDA, -ENOMEM, ...)
+# leave a good payload where it is.
+PAYLOAD_FAULTS = frozenset({ErrorCode.EFORMAT, ErrorCode.EVERSION, ErrorCode.ETRUNC,
+                            ErrorCode.ECORRUPT, ErrorCode.ECHECKSUM, ErrorCode.EFOREIGN,
+                            ErrorCode.ESHAPE, ErrorCode.ETOOBIG})
+
+
 class _Job:
     """One submitted job: its chunks run as separate tasks on the transfer
     threads; the last one to finish builds the job's result."""
@@ -157,11 +169,21 @@ class KvtierWorker(OffloadingWorker):
         self.chunk_tokens = chunk_tokens
         self.blocks_per_chunk = blocks_per_chunk
         self.stats = _Stats()
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvtier-vllm")
         self._local = threading.local()
         self._lock = threading.Lock()
         self._jobs: Dict[int, _Job] = {}
         self._done: List[KvtierTransferResult] = []
+        # Tasks by priority (expedited loads, loads, stores), first in first
+        # out within one: a store waits for its predecessor's put, which was
+        # queued before it, so it is running or done and the wait ends.
+        self._queue: "queue.PriorityQueue[Tuple[int, int, Any]]" = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._putting: Dict[Key, threading.Event] = {}  # chunks queued or being stored
+        self._closed = False
+        self._threads = [threading.Thread(target=self._serve, name=f"kvtier-vllm-{i}",
+                                          daemon=True) for i in range(max(1, threads))]
+        for t in self._threads:
+            t.start()
 
     def key(self, offload_key: OffloadKey) -> Key:
         return chunk_key_of(self.fingerprint, offload_key, self.chunk_tokens)
@@ -174,11 +196,21 @@ class KvtierWorker(OffloadingWorker):
         after = self.device.mark()
         keys = [self.key(k) for k in dst_spec.keys]
         prevs = [self.key(p) if p is not None else None for p in dst_spec.prevs]
-        tasks = [(self._store_chunk, (keys[i], ids, after)) for i, ids in enumerate(blocks)]
+        with self._lock:
+            if self._closed:
+                return False
+            # Each chunk is put after the chunk before it, with it as prev:
+            # the cache's prefix-aware placement then never evicts a chain's
+            # head for its tail. Encoding runs in parallel; only puts wait.
+            mine = []
+            for key in keys:
+                mine.append(threading.Event())
+                self._putting[key] = mine[-1]
+        tasks = [(self._store_chunk, (keys[i], prevs[i], ids, after, mine[i]))
+                 for i, ids in enumerate(blocks)]
 
         def finish(results: List[Any]) -> KvtierTransferResult:
             failed = [dst_spec.keys[i] for i, r in enumerate(results) if isinstance(r, Exception)]
-            self._link(keys, prevs, results)
             with self._lock:
                 self.stats.stores += 1
                 self.stats.failed_stores += bool(failed)
@@ -189,8 +221,7 @@ class KvtierWorker(OffloadingWorker):
         def fallback() -> KvtierTransferResult:
             return KvtierTransferResult(job_id, False, failed_keys=list(dst_spec.keys))
 
-        self._submit(job_id, tasks, finish, fallback)
-        return True
+        return self._submit(job_id, tasks, finish, fallback, PRIO_STORE)
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
                     expedited: bool = False) -> bool:
@@ -217,8 +248,9 @@ class KvtierWorker(OffloadingWorker):
             return KvtierTransferResult(job_id, False, failed_keys=list(src_spec.keys),
                                         invalid_block_ids=[b for c in blocks for b in c if b >= 0])
 
-        self._submit(job_id, tasks, finish, fallback)
-        return True
+        # vLLM waits for an expedited load within the step: it goes first.
+        return self._submit(job_id, tasks, finish, fallback,
+                            PRIO_EXPEDITED if expedited else PRIO_LOAD)
 
     def get_finished(self) -> List[TransferResult]:
         with self._lock:
@@ -232,7 +264,16 @@ class KvtierWorker(OffloadingWorker):
             f.result()  # the job's result is queued before its future is set
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Finishes the jobs submitted, stops the transfer threads and closes
+        the cache. Later submits return False."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for _ in self._threads:
+            self._queue.put((PRIO_STOP, next(self._seq), None))
+        for t in self._threads:
+            t.join()
         self.cache.close()
 
     # --- probes (KvtierConnector) -------------------------------------------------
@@ -253,17 +294,25 @@ class KvtierWorker(OffloadingWorker):
 
     def _submit(self, job_id: int, tasks: List[Tuple[Any, tuple]],
                 finish: Callable[[List[Any]], KvtierTransferResult],
-                fallback: Callable[[], KvtierTransferResult]) -> None:
+                fallback: Callable[[], KvtierTransferResult], prio: int) -> bool:
         job = _Job(job_id, len(tasks), finish, fallback)
         with self._lock:
+            if self._closed:
+                return False
             self._jobs[job_id] = job
+            # In chunk order: a request's leading chunks start first.
+            for i, (fn, args) in enumerate(tasks):
+                self._queue.put((prio, next(self._seq), (job, i, fn, args)))
         if not tasks:
             self._complete(job)
-            return
-        # In chunk order: the pool takes tasks first in, first out, so a
-        # request's leading chunks start first.
-        for i, (fn, args) in enumerate(tasks):
-            self._pool.submit(self._task, job, i, fn, args)
+        return True
+
+    def _serve(self) -> None:
+        while True:
+            prio, _, item = self._queue.get()
+            if prio == PRIO_STOP:
+                return
+            self._task(*item)
 
     def _task(self, job: _Job, i: int, fn: Any, args: tuple) -> None:
         try:
@@ -308,20 +357,27 @@ class KvtierWorker(OffloadingWorker):
 
     # --- store -------------------------------------------------------------------
 
-    def _store_chunk(self, key: Key, ids: List[int], after: Any) -> int:
+    def _store_chunk(self, key: Key, prev: Optional[Key], ids: List[int], after: Any,
+                     mine: threading.Event) -> int:
         """Stores one chunk; returns the payload's bytes (0: held already)."""
         try:
             if self.cache.query(key) is not None:
                 return 0  # held already (another engine, or before a restart)
             n = self._encode(ids, key, after)
-            # The chain link (prev) is made once the job's chunks are all in
-            # (_link): a chunk put before its predecessor would otherwise be
-            # an orphan, which may only take free room.
-            self.cache.put(key, self._buffer(n)[:n])
+            with self._lock:
+                before = self._putting.get(prev) if prev is not None else None
+            if before is not None:
+                before.wait()
+            self.cache.put(key, self._buffer(n)[:n], prev=prev)
             return n
         except Error as e:
             log.warning("kvtier.vllm: store of chunk %s failed: %s", key, e)
             raise
+        finally:
+            mine.set()
+            with self._lock:
+                if self._putting.get(key) is mine:
+                    del self._putting[key]
 
     def _encode(self, ids: List[int], key: Key, after: Any) -> int:
         buf = self._buffer(1 << 20)
@@ -332,19 +388,6 @@ class KvtierWorker(OffloadingWorker):
                 if e.code != ErrorCode.ENOBUFS or buf.size >= 1 << 34:
                     raise
                 buf = self._buffer(2 * buf.size)
-
-    def _link(self, keys: List[Key], prevs: List[Optional[Key]], results: List[Any]) -> None:
-        """Chains the job's chunks to their predecessors in the cache's index
-        (for prefix-aware eviction): a walk over the chain from the first
-        chunk's predecessor relinks every held chunk to the one before it."""
-        chain = list(keys)
-        try:
-            if prevs and prevs[0] is not None and self.cache.query(prevs[0]) is not None:
-                chain.insert(0, prevs[0])
-            if len(chain) > 1:
-                self.cache.lookup_keys(chain)
-        except Error as e:
-            log.warning("kvtier.vllm: linking stored chunks failed: %s", e)
 
     # --- load --------------------------------------------------------------------
 
@@ -364,7 +407,7 @@ class KvtierWorker(OffloadingWorker):
             if loan is not None:
                 loan.close()  # a delete waits for the loan
                 loan = None
-            if payload is not None:
+            if payload is not None and e.code in PAYLOAD_FAULTS:
                 # The cache served it but the device refused it (a section
                 # checksum, the shape): drop it, or the recomputed chunk's
                 # store would find the key held and keep the bad payload.

@@ -1,5 +1,5 @@
-"""Review of issue 18 (branch review18): Cache.borrow / Loan lifetimes.
-Tests marked FAILS-NOW reproduce defects at 8c95c7b; each runs its case in a
+"""Cache.borrow / Loan lifetimes under misuse (from the issue-18 review).
+Each runs its case in a
 child interpreter, since the defects are a crash and a hang."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _child(body: str, timeout: float = 20) -> subprocess.CompletedProcess:
 
 
 def test_a_loan_array_kept_past_cache_close_does_not_crash_python() -> None:
-    """FAILS-NOW (SIGSEGV). Cache.close() returns the loans still out and
+    """Was a SIGSEGV at 8c95c7b: Cache.close() returns the loans still out and
     closes the tiers; an array the caller still holds then points into
     unmapped slabs, and reading it kills the interpreter."""
     r = _child("""
@@ -39,7 +39,7 @@ def test_a_loan_array_kept_past_cache_close_does_not_crash_python() -> None:
 
 
 def test_close_returns_loans_even_while_a_delete_waits_for_one() -> None:
-    """FAILS-NOW (hang). A delete on another thread waits for the loan;
+    """Was a hang at 8c95c7b: A delete on another thread waits for the loan;
     close() waits for that delete before it returns the loans it promises
     to return, so neither ever ends."""
     r = _child("""
@@ -51,3 +51,16 @@ def test_close_returns_loans_even_while_a_delete_waits_for_one() -> None:
         print("closed" if not t.is_alive() else "close hangs")
     """)
     assert "closed" in r.stdout, r.stdout + r.stderr[-300:]
+
+
+def test_a_loan_array_cannot_be_made_writable() -> None:
+    r = _child("""
+        loan = cache.borrow(key)
+        try:
+            loan.array.flags.writeable = True
+            print("writable")
+        except ValueError:
+            print("read-only")
+        loan.close()
+    """)
+    assert "read-only" in r.stdout, r.stdout + r.stderr[-300:]

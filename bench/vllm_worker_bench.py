@@ -86,6 +86,7 @@ from kvtier.vllm.manager import KvtierLoadSpec, KvtierStoreSpec  # noqa: E402
 from kvtier.vllm.worker import KvtierWorker  # noqa: E402
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+RESERVATION_PUBLISH = kvtier.Reservation.publish
 
 
 def offload_key(i: int) -> bytes:
@@ -280,7 +281,8 @@ def main(argv: Sequence[str]) -> int:
             if mode == main_mode:  # where the worker's time goes: one instrumented pass each
                 bd = Breakdown()
                 for obj, name in ((cache, "query"), (cache, "put"), (cache, "get_into"),
-                                  (cache, "borrow"),
+                                  (cache, "borrow"), (cache, "reserve"),
+                                  (kvtier.Reservation, "publish"),
                                   (device, "store"), (device, "load")):
                     bd.wrap(obj, name, name)
                 clear()
@@ -292,6 +294,7 @@ def main(argv: Sequence[str]) -> int:
                 t0 = time.perf_counter()
                 load()
                 brk["load"] = (time.perf_counter() - t0, bd.take())
+                kvtier.Reservation.publish = RESERVATION_PUBLISH  # unwrapped
             exact = "ok"
             if failed or held != nchunks:
                 exact = f"FAILED ({len(failed)} jobs, {held}/{nchunks} chunks held)"
@@ -343,13 +346,16 @@ def main(argv: Sequence[str]) -> int:
     bld = "batch H2D" if "batch H2D" in base else "gather H2D"
     ht = f"h{a.threads}t"
     ms = list(modes)
+    fst = max((k for k in base if k.endswith("D2H")), key=lambda k: base[k])
+    fld = max((k for k in base if k.endswith("H2D")), key=lambda k: base[k])
     say(f"# GB/s of bf16 K/V. h1t / {ht}: the handle (kvtier.gpu.PagedKV: one thread; "
         f"store_many / load_many on {a.threads}); {' / '.join(ms)}: the worker (KvtierWorker + "
-        f"CudaDevice + Cache over dram) on that many threads; x: worker '{main_mode}' / the "
-        f"{bst.split()[0]} baseline")
-    width = 7 * (len(ms) + 3) + 1
+        f"CudaDevice + Cache over dram) on that many threads; xb: worker '{main_mode}' / the "
+        f"{bst.split()[0]} baseline (vLLM's own offload copy); xf: worker '{main_mode}' / the "
+        f"fastest copy of the run ({fst} / {fld})")
+    width = 7 * (len(ms) + 4) + 1
     say(f"{'':<13}|{'store GPU->cache':^{width}}|{'load cache->GPU':^{width}}|")
-    cols = f"{'h1t':>6} {ht:>6} " + " ".join(f"{m:>6}" for m in ms) + f" {'x':>6}"
+    cols = f"{'h1t':>6} {ht:>6} " + " ".join(f"{m:>6}" for m in ms) + f" {'xb':>6} {'xf':>6}"
     say(f"{'codec':<7} {'ratio':>5}| {cols} | {cols} | exact (worker, handle)")
     for codec in a.codecs.split(","):
         h = hrows.get(codec, {})
@@ -360,26 +366,33 @@ def main(argv: Sequence[str]) -> int:
         def col(x: Optional[float]) -> str:
             return f"{x:6.2f}" if x is not None else f"{'-':>6}"
 
-        def side(op: str, hk: str, b: str) -> str:
+        def side(op: str, hk: str, b: str, f: str) -> str:
             return (f"{col(h.get(hk + '1t'))} {col(h.get(hk))} "
                     + " ".join(f"{res[(codec, m)][op]:6.2f}" for m in ms)
-                    + f" {w[op] / base[b]:6.2f}")
+                    + f" {w[op] / base[b]:6.2f} {w[op] / base[f]:6.2f}")
 
-        say(f"{codec:<7} {w['ratio']:5.2f}| {side('store', 'store', bst)} "
-            f"| {side('load', 'load', bld)} | {ex}, {h.get('exact', '?')}")
+        say(f"{codec:<7} {w['ratio']:5.2f}| {side('store', 'store', bst, fst)} "
+            f"| {side('load', 'load', bld, fld)} | {ex}, {h.get('exact', '?')}")
     say("")
     say("# ratio: bf16 K/V bytes / bytes the dram tier holds (payloads); exact: after the worker's "
         "loads, raw restores every bit, k16v8 every K bit, chunk 0 equals kvtier.decode() of the "
         "cached payload")
     say(f"# where the worker '{main_mode}' spends its time (one instrumented pass): wall ms, then "
         "thread-ms in each call, summed over the transfer threads (so calls sum past the "
-        "wall); device.store = kernel + host seal, device.load = host XXH3 check + H2D + "
-        "kernel, put = the copy into the dram tier, borrow = the loan of a payload in place")
+        "wall); device.store = kernel + host seal (into a block reserved in the dram tier: "
+        "reserve, then publish = header check + index), device.load = host XXH3 check + H2D + "
+        "kernel, put = a copy into the dram tier (when a store cannot reserve), borrow = the "
+        "loan of a payload in place")
+    def owner(call: str) -> str:
+        if call in ("query", "put", "get_into", "borrow", "reserve"):
+            return "cache."
+        return "reservation." if call == "publish" else "device."
+
     for codec in a.codecs.split(","):
         for op in ("store", "load"):
             wall, parts = res[(codec, main_mode)]["brk"][op]
             say(f"  {codec:<6} {op:<5} wall {wall * 1e3:7.1f}  " + "  ".join(
-                f"{('cache.' if k in ('query', 'put', 'get_into', 'borrow') else 'device.') + k} "
+                f"{owner(k) + k} "
                 f"{v * 1e3:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])))
     bad = {k: v["stats"] for k, v in res.items() if v["stats"][0] or v["stats"][1]}
     say(f"# worker failures: {bad if bad else 'none'}")

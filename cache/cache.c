@@ -399,6 +399,11 @@ static int demote(kvt_cache *c, centry *v, int t, const centry *guard, int may_e
 
 int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len,
                 const centry *guard) {
+  return cache_place_or_reserve(c, e, u, buf, len, guard, NULL);
+}
+
+int cache_place_or_reserve(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len,
+                           const centry *guard, kvt_tier_reservation *res) {
   ctier *T = &c->t[u];
   if (cache_cost(c, u, len) > T->capacity)
     return -ENOSPC;
@@ -417,8 +422,12 @@ int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len,
     }
     if (r)
       return r;
-    r = kvt_tier_put(T->tier, &e->key, buf, len);
+    r = res ? kvt_tier_reserve(T->tier, &e->key, len, res) : kvt_tier_put(T->tier, &e->key, buf, len);
     pthread_mutex_lock(&c->mu);
+    if (r == 0 && res) { /* room taken; the copy counts once published */
+      pthread_mutex_unlock(&c->mu);
+      return 0;
+    }
     if (r == 0) {
       /* Ranked as new: right behind its parent when that is here, so a
        * chain promoted or demoted in order keeps its head hottest. */
@@ -430,7 +439,7 @@ int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len,
       return 0;
     }
     T->used -= cache_cost(c, u, len);
-    if (r != -ENOSPC)
+    if (r != -ENOSPC && r != KVT_ENOTSUP) /* ENOTSUP: a tier that cannot reserve */
       T->n.errors++;
     pthread_mutex_unlock(&c->mu);
     /* The tier is fuller than the accounting (its own overhead, or free

@@ -141,6 +141,11 @@ void cache_spares_free(kvt_cache *c);
  * error. */
 int cache_place(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len,
                 const centry *guard);
+/* As cache_place, but with res given reserves len bytes in tier u for e
+ * (kvt_tier_reserve) instead of writing buf: the room is accounted in used,
+ * the copy is added to e by the caller once published. */
+int cache_place_or_reserve(kvt_cache *c, centry *e, int u, const void *buf, uint64_t len,
+                           const centry *guard, kvt_tier_reservation *res);
 /* Deletes tier t's copy of e (pinned by the caller, its space in t already
  * released from used) and counts it as kind: 0 nothing, 1 demotion, 2
  * eviction. When the tier fails to delete, the copy stays indexed and its

@@ -290,17 +290,12 @@ static centry *new_entry(kvt_cache *c, const kvt_key *key, const kvt_key *prev, 
   return e;
 }
 
-int kvt_cache_put(kvt_cache *c, const kvt_key *key, const kvt_key *prev, const void *payload,
-                  uint64_t len) {
-  if (!c || !key || (!payload && len))
-    return -EINVAL;
-  int r = check_payload(c, key, payload, len, 0, "put of");
-  if (r) {
-    pthread_mutex_lock(&c->mu);
-    c->total.refused++;
-    pthread_mutex_unlock(&c->mu);
-    return r;
-  }
+/* Starts a put of key: waits for another thread's put, delete or move of it
+ * to end, then creates its entry (moving, pinned). Returns 1 when the key is
+ * held already (nothing to do; counted as a duplicate), 0 with *out set, or
+ * -ENOMEM. */
+static int put_begin(kvt_cache *c, const kvt_key *key, const kvt_key *prev, uint64_t len,
+                     centry **out) {
   pthread_mutex_lock(&c->mu);
   centry *e;
   /* A key being put, deleted or moved by another thread: wait for the
@@ -314,26 +309,25 @@ int kvt_cache_put(kvt_cache *c, const kvt_key *key, const kvt_key *prev, const v
     relink(c, e, prev);
     cache_touch(c, e);
     pthread_mutex_unlock(&c->mu);
-    return 0;
+    return 1;
   }
   e = new_entry(c, key, prev, len);
   pthread_mutex_unlock(&c->mu);
-  if (!e)
-    return -ENOMEM;
-  r = -ENOSPC;
-  int placed = -1;
-  for (int u = 0; u < c->ntiers && placed < 0; u++) {
-    r = cache_place(c, e, u, payload, len, e);
-    if (!r)
-      placed = u;
-  }
+  *out = e;
+  return e ? 0 : -ENOMEM;
+}
+
+/* Ends the put of e, placed in tier placed (-1: nowhere): writes payload
+ * through to the persistent tiers below when asked, then makes e live, or
+ * forgets it. */
+static void put_end(kvt_cache *c, centry *e, int placed, const void *payload, uint64_t len) {
   for (int u = placed + 1; placed >= 0 && u < c->ntiers; u++) {
     if ((c->flags & KVT_CACHE_WRITE_THROUGH) && c->t[u].persistent) {
       int w = cache_place(c, e, u, payload, len, e);
       if (w) {
         char hex[KVT_KEY_HEX_LEN + 1];
         kvt_logf(c->ctx, KVT_LOG_WARN, "cache: write-through of %s to %s failed: %s",
-                 kvt_key_hex(key, hex), kvt_tier_spec(c->t[u].tier), kvt_strerror(w));
+                 kvt_key_hex(&e->key, hex), kvt_tier_spec(c->t[u].tier), kvt_strerror(w));
       }
     }
   }
@@ -349,7 +343,125 @@ int kvt_cache_put(kvt_cache *c, const kvt_key *key, const kvt_key *prev, const v
     cache_entry_free(c, e);
   }
   pthread_mutex_unlock(&c->mu);
+}
+
+static void count_refused(kvt_cache *c) {
+  pthread_mutex_lock(&c->mu);
+  c->total.refused++;
+  pthread_mutex_unlock(&c->mu);
+}
+
+int kvt_cache_put(kvt_cache *c, const kvt_key *key, const kvt_key *prev, const void *payload,
+                  uint64_t len) {
+  if (!c || !key || (!payload && len))
+    return -EINVAL;
+  int r = check_payload(c, key, payload, len, 0, "put of");
+  if (r) {
+    count_refused(c);
+    return r;
+  }
+  centry *e = NULL;
+  if ((r = put_begin(c, key, prev, len, &e)) != 0)
+    return r > 0 ? 0 : r;
+  r = -ENOSPC;
+  int placed = -1;
+  for (int u = 0; u < c->ntiers && placed < 0; u++) {
+    r = cache_place(c, e, u, payload, len, e);
+    if (!r)
+      placed = u;
+  }
+  put_end(c, e, placed, payload, len);
   return placed >= 0 ? 0 : r;
+}
+
+/* ---- reservations ------------------------------------------------------------ */
+
+int kvt_cache_reserve(kvt_cache *c, const kvt_key *key, const kvt_key *prev, uint64_t len,
+                      kvt_cache_reservation *res) {
+  if (!c || !key || !res || !len)
+    return -EINVAL;
+  memset(res, 0, sizeof(*res));
+  res->tier = -1;
+  if (c->ntiers == 0)
+    return -ENOSPC;
+  const uint32_t traits = kvt_tier_traits(c->t[0].tier);
+  if (traits & (KVT_TIER_DEVICE | KVT_TIER_SHARED) || !(traits & KVT_TIER_HOST_MEMORY))
+    return KVT_ENOTSUP; /* the header is checked on the host at publish */
+  centry *e = NULL;
+  int r = put_begin(c, key, prev, len, &e);
+  if (r)
+    return r > 0 ? -EEXIST : r;
+  kvt_tier_reservation tr;
+  r = cache_place_or_reserve(c, e, 0, NULL, len, e, &tr);
+  if (r) {
+    put_end(c, e, -1, NULL, 0);
+    return r;
+  }
+  res->data = tr.data;
+  res->len = len;
+  res->key = *key;
+  res->tier = 0;
+  res->internal[0] = e;
+  memcpy(&res->internal[1], tr.internal, sizeof(tr.internal));
+  return 0;
+}
+
+/* The tier reservation res stands for. */
+static kvt_tier_reservation tier_res(const kvt_cache_reservation *res) {
+  kvt_tier_reservation tr;
+  memset(&tr, 0, sizeof(tr));
+  tr.data = res->data;
+  tr.len = res->len;
+  tr.key = res->key;
+  memcpy(tr.internal, &res->internal[1], sizeof(tr.internal));
+  return tr;
+}
+
+/* Gives back the room of a reservation that is not published (e pinned). */
+static void reserve_undo(kvt_cache *c, kvt_cache_reservation *res) {
+  centry *e = res->internal[0];
+  kvt_tier_reservation tr = tier_res(res);
+  kvt_tier_abort(c->t[0].tier, &tr);
+  pthread_mutex_lock(&c->mu);
+  c->t[0].used -= cache_cost(c, 0, res->len);
+  pthread_mutex_unlock(&c->mu);
+  put_end(c, e, -1, NULL, 0);
+  memset(res, 0, sizeof(*res));
+  res->tier = -1;
+}
+
+int kvt_cache_publish(kvt_cache *c, kvt_cache_reservation *res) {
+  if (!c || !res || !res->internal[0] || res->tier != 0)
+    return -EINVAL;
+  centry *e = res->internal[0];
+  int r = check_payload(c, &res->key, res->data, res->len, 0, "publish of");
+  if (r) {
+    count_refused(c);
+    reserve_undo(c, res);
+    return r;
+  }
+  kvt_tier_reservation tr = tier_res(res);
+  if ((r = kvt_tier_publish(c->t[0].tier, &tr)) != 0) {
+    reserve_undo(c, res);
+    return r;
+  }
+  pthread_mutex_lock(&c->mu);
+  cache_add_copy(c, e, 0, 0);
+  c->t[0].n.puts++;
+  c->t[0].n.bytes_in += res->len;
+  cache_mover_poke(c, 0);
+  pthread_mutex_unlock(&c->mu);
+  /* Published: the block is the tier's now, held in place while e is
+   * moving, so the write-through reads it there. */
+  put_end(c, e, 0, res->data, res->len);
+  memset(res, 0, sizeof(*res));
+  res->tier = -1;
+  return 0;
+}
+
+void kvt_cache_abort(kvt_cache *c, kvt_cache_reservation *res) {
+  if (c && res && res->internal[0] && res->tier == 0)
+    reserve_undo(c, res);
 }
 
 /* ---- get ------------------------------------------------------------------ */

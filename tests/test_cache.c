@@ -1,7 +1,7 @@
 /* tests/test_cache.c - the cache manager's API (kvtier/cache.h) on one
  * thread: put/get/query round trips, integrity refusals (foreign, bad,
- * short-written payloads), lookup, batched gets, restore plans, loans, fault
- * paths and config checks. Placement across tiers is in
+ * short-written payloads), lookup, batched gets, restore plans, loans,
+ * reservations, fault paths and config checks. Placement across tiers is in
  * test_cache_placement.c, restarts in test_cache_restart.c, the background
  * mover in test_cache_mover.c, forced interleavings in test_cache_races.c and
  * many threads in test_cache_threads.c. */
@@ -597,6 +597,109 @@ static void test_cache_open_rejects_bad_configs(void **state) {
   kvt_cache_close(NULL);
 }
 
+/* Reserves key's payload (chained to prev), writes it in place, publishes. */
+static int reserve_put(kvt_cache *c, const kvt_key *key, const kvt_key *prev,
+                       const kvt_key *fp) {
+  uint64_t len;
+  uint8_t *p = payload_of(fx->ctx, fp, key, CT_TOKENS, &len);
+  kvt_cache_reservation res;
+  int r = kvt_cache_reserve(c, key, prev, len, &res);
+  if (r == 0) {
+    assert_int_equal(res.len, len);
+    assert_int_equal(res.tier, 0);
+    memcpy(res.data, p, len);
+    r = kvt_cache_publish(c, &res);
+    assert_null(res.data); /* cleared either way */
+  }
+  free(p);
+  return r;
+}
+
+static void test_cache_reserve_then_publish_is_a_put_without_the_copy(void **state) {
+  (void)state;
+  char spec[512];
+  snprintf(spec, sizeof(spec), "dram:1MiB;nvme:%s/res:4MiB", fx->dir);
+  kvt_cache *c = open_cache(spec, KVT_CACHE_WRITE_THROUGH, &fx->fp);
+  kvt_key k[3];
+  chain_keys(&fx->fp, 2600, 3, k);
+  /* Unpublished: gets miss and nothing is held. */
+  uint64_t len;
+  uint8_t *p = payload_of(fx->ctx, &fx->fp, &k[0], CT_TOKENS, &len);
+  kvt_cache_reservation res;
+  assert_int_equal(kvt_cache_reserve(c, &k[0], NULL, len, &res), 0);
+  assert_int_equal(kvt_cache_query(c, &k[0], NULL, NULL), KVT_ENOTFOUND);
+  assert_int_equal(get_one(c, &k[0], NULL), KVT_ENOTFOUND);
+  memcpy(res.data, p, len);
+  assert_int_equal(kvt_cache_publish(c, &res), 0);
+  free(p);
+  /* Published: in dram, written through to nvme, counted as a put. */
+  assert_int_equal(get_check(c, &k[0]), 0);
+  assert_int_equal(kvt_cache_where(c, &k[0]), 3u);
+  assert_int_equal(stats(c, 0).puts, 1);
+  assert_int_equal(stats(c, 0).used, pcost);
+  /* Chained: the chain is a prefix for lookups. */
+  assert_int_equal(reserve_put(c, &k[1], &k[0], &fx->fp), 0);
+  assert_int_equal(reserve_put(c, &k[2], &k[1], &fx->fp), 0);
+  size_t hits = 0;
+  assert_int_equal(kvt_cache_lookup_keys(c, k, 3, &hits), 0);
+  assert_int_equal(hits, 3);
+  /* A held key: nothing reserved. */
+  assert_int_equal(reserve_put(c, &k[1], &k[0], &fx->fp), -EEXIST);
+  assert_int_equal(stats(c, -1).duplicates, 1);
+  assert_settled(c);
+  kvt_cache_close(c);
+}
+
+static void test_cache_reserve_refusals_give_the_room_back(void **state) {
+  (void)state;
+  kvt_cache *c = open_cache("dram:1MiB", 0, &fx->fp);
+  kvt_key k[2];
+  chain_keys(&fx->fp, 2610, 2, k);
+  /* Another model's payload written into the block: refused at publish. */
+  assert_int_equal(reserve_put(c, &k[0], NULL, &fx->fp_other), KVT_EFOREIGN);
+  assert_int_equal(stats(c, -1).refused, 1);
+  /* Aborted: nothing stored. */
+  kvt_cache_reservation res;
+  assert_int_equal(kvt_cache_reserve(c, &k[1], NULL, plen, &res), 0);
+  kvt_cache_abort(c, &res);
+  kvt_cache_abort(c, &res); /* cleared: a second abort does nothing */
+  assert_int_equal(kvt_cache_publish(c, &res), -EINVAL);
+  assert_int_equal(stats(c, 0).used, 0);
+  assert_int_equal(stats(c, 0).items, 0);
+  assert_int_equal(stats(c, 0).puts, 0);
+  /* The keys can be put afterwards. */
+  put_chain(c, k, 0, 2, 0);
+  assert_int_equal(kvt_cache_reserve(c, &k[0], NULL, 0, &res), -EINVAL);
+  assert_settled(c);
+  kvt_cache_close(c);
+  /* A hottest tier that cannot reserve (nvme): KVT_ENOTSUP, use a put. */
+  char spec[512];
+  snprintf(spec, sizeof(spec), "nvme:%s/nores:4MiB", fx->dir);
+  c = open_cache(spec, 0, &fx->fp);
+  assert_int_equal(kvt_cache_reserve(c, &k[0], NULL, plen, &res), KVT_ENOTSUP);
+  assert_int_equal(res.tier, -1);
+  put_chain(c, k, 0, 1, 0);
+  kvt_cache_close(c);
+}
+
+/* A reservation makes room as a put does: never at the cost of its own
+ * prefix, so a chain longer than the tier keeps its head. */
+static void test_cache_reserve_keeps_the_prefix_of_its_chain(void **state) {
+  (void)state;
+  char d[64];
+  kvt_cache *c = open_cache(dram_for(d, sizeof(d), 2), 0, &fx->fp);
+  kvt_key k[3];
+  chain_keys(&fx->fp, 2620, 3, k);
+  assert_int_equal(reserve_put(c, &k[0], NULL, &fx->fp), 0);
+  assert_int_equal(reserve_put(c, &k[1], &k[0], &fx->fp), 0);
+  assert_int_equal(reserve_put(c, &k[2], &k[1], &fx->fp), -ENOSPC);
+  size_t hits = 0;
+  assert_int_equal(kvt_cache_lookup_keys(c, k, 3, &hits), 0);
+  assert_int_equal(hits, 2);
+  assert_settled(c);
+  kvt_cache_close(c);
+}
+
 /* kvt_cache_open accepts a config of an older (shorter) struct_size.
  * The defect it guarded (found in review): kvt_cache_config gained headroom_pct
  * and links after its first version; config structs are only appended to
@@ -653,6 +756,12 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cache_borrow_refuses_a_foreign_payload, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_tier_loan_outlives_an_eviction, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(
+          test_cache_reserve_then_publish_is_a_put_without_the_copy, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_reserve_refusals_give_the_room_back, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_reserve_keeps_the_prefix_of_its_chain, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_open_rejects_bad_configs, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_open_accepts_a_config_of_an_older_size, ct_setup,

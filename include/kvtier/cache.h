@@ -196,6 +196,38 @@ typedef struct kvt_cache_loan {
 KVT_API int kvt_cache_borrow(kvt_cache *cache, const kvt_key *key, kvt_cache_loan *loan);
 KVT_API void kvt_cache_return(kvt_cache *cache, kvt_cache_loan *loan);
 
+/* A block of the cache's hottest tier reserved for one payload, which the
+ * caller writes in place (a GPU store kernel, a read from a socket) and then
+ * publishes: put without the copy (kvt_tier_reserve). */
+typedef struct kvt_cache_reservation {
+  void *data;         /* where to write len bytes: host memory of a dram tier,
+                         page-locked and mapped when the tier pins its slabs */
+  uint64_t len;
+  kvt_key key;
+  int32_t tier;       /* the tier reserved in (0), -1 when none */
+  void *internal[3];  /* library-owned */
+  uint64_t reserved[2]; /* zeroed by kvt_cache_reserve: later outputs */
+} kvt_cache_reservation;
+
+/* Reserves len bytes for key's payload in the hottest tier, making room as
+ * a put would (prev as for kvt_cache_put: the block's place in the prefix
+ * chain). Until published, gets of key miss and other puts of it wait.
+ * Returns 0, -EEXIST (key is held already: nothing reserved, as a put that
+ * finds it held), -ENOSPC, KVT_ENOTSUP (the hottest tier cannot reserve:
+ * nvme, remote or hbm tiers, decorators; use kvt_cache_put), -ENOMEM or
+ * -EINVAL. Every reservation is published or aborted before the cache is
+ * closed. */
+KVT_API int kvt_cache_reserve(kvt_cache *cache, const kvt_key *key, const kvt_key *prev,
+                              uint64_t len, kvt_cache_reservation *res);
+/* Makes the payload written into res->data the value of res->key, after the
+ * header checks of a put (a failed check aborts the reservation and returns
+ * the parse error or KVT_EFOREIGN), and writes it through to the persistent
+ * tiers below as a put does. Returns 0, a check's error, or -EINVAL (not a
+ * reservation of this cache). *res is cleared either way. */
+KVT_API int kvt_cache_publish(kvt_cache *cache, kvt_cache_reservation *res);
+/* Gives the block back; nothing is stored. *res is cleared. */
+KVT_API void kvt_cache_abort(kvt_cache *cache, kvt_cache_reservation *res);
+
 /* How many leading tokens of tokens[0..n) are cached: walks the chained
  * chunk keys of the cache's fingerprint and counts full chunks held until the
  * first one that is not, and writes tokens (a multiple of chunk_tokens) to

@@ -20,7 +20,7 @@ the system loader (kvtier._loader). Calls release the GIL while the library work
 from ._loader import VERSION as _VERSION
 from ._loader import lib as _clib
 from ._loader import path as library_path
-from .cache import Cache, CacheStats, GetResult, Loan, RestorePlan
+from .cache import Cache, CacheStats, GetResult, Loan, Reservation, RestorePlan
 from .codec import (
     PRESETS,
     Axis,
@@ -57,9 +57,8 @@ library_version: str = _clib.kvt_version_string().decode()
 __all__ = [
     "PRESETS", "Axis", "Cache", "CacheStats", "CodecSpec", "Comp", "DType", "Error", "ErrorCode",
     "Fmt", "GetResult", "Key", "KvRate", "Link", "Loan", "ModelArch", "ModelDesc", "PayloadInfo",
-    "RestorePlan", "Scale", "SectionInfo", "chunk_key", "chunk_keys", "decode", "encode",
-    "encode_bound", "encode_into", "err_name", "fingerprint", "has_feature", "inspect",
-    "kv_rate", "library_path", "library_version", "link", "link_presets",
-    "model_from_hf_config", "model_preset", "model_presets", "project", "sections", "strerror",
-    "verify",
+    "Reservation", "RestorePlan", "Scale", "SectionInfo", "chunk_key", "chunk_keys", "decode",
+    "encode", "encode_bound", "encode_into", "err_name", "fingerprint", "has_feature", "inspect",
+    "kv_rate", "library_path", "library_version", "link", "link_presets", "model_from_hf_config",
+    "model_preset", "model_presets", "project", "sections", "strerror", "verify",
 ]

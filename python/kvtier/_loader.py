@@ -34,7 +34,7 @@ from typing import Any
 
 from . import _structs as S
 
-VERSION = (0, 3, 0)  # the package's version; major.minor must match the library's
+VERSION = (0, 3, 1)  # the package's version; major.minor must match the library's
 SONAME = f"libkvtier.so.{VERSION[0]}.{VERSION[1]}"
 BUNDLED = Path(__file__).resolve().parent / "_lib" / SONAME
 
@@ -93,6 +93,10 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "kvt_cache_get_many": (c_int, [c_void_p, _p(S.kvt_cache_get_req), c_size_t, c_uint32]),
     "kvt_cache_borrow": (c_int, [c_void_p, _key, _p(S.kvt_cache_loan)]),
     "kvt_cache_return": (None, [c_void_p, _p(S.kvt_cache_loan)]),
+    "kvt_cache_reserve": (c_int, [c_void_p, _key, _key, c_uint64,
+                                  _p(S.kvt_cache_reservation)]),
+    "kvt_cache_publish": (c_int, [c_void_p, _p(S.kvt_cache_reservation)]),
+    "kvt_cache_abort": (None, [c_void_p, _p(S.kvt_cache_reservation)]),
     "kvt_cache_lookup": (c_int, [c_void_p, _u32p, c_size_t, _p(c_size_t)]),
     "kvt_cache_lookup_keys": (c_int, [c_void_p, _key, c_size_t, _p(c_size_t)]),
     "kvt_cache_plan_restore": (c_int, [c_void_p, _u32p, c_size_t, _p(S.kvt_model_arch),

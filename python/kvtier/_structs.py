@@ -203,6 +203,17 @@ class kvt_cache_loan(Structure):
     ]
 
 
+class kvt_cache_reservation(Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("len", c_uint64),
+        ("key", kvt_key),
+        ("tier", c_int32),
+        ("internal", c_void_p * 3),
+        ("reserved", c_uint64 * 2),
+    ]
+
+
 class kvt_cache_stats(Structure):
     _fields_ = [("struct_size", c_size_t)] + [
         (name, c_uint64)
@@ -288,7 +299,8 @@ MIRRORED: dict[str, type[Structure]] = {
     for cls in (
         kvt_allocator, kvt_ctx_config, kvt_codec_spec, kvt_kv_view, kvt_key, kvt_model_desc,
         kvt_encode_params, kvt_payload_info, kvt_section_info, kvt_decode_params,
-        kvt_cache_config, kvt_cache_get_req, kvt_cache_loan, kvt_cache_stats, kvt_cache_plan, kvt_model_arch,
+        kvt_cache_config, kvt_cache_get_req, kvt_cache_loan, kvt_cache_reservation,
+        kvt_cache_stats, kvt_cache_plan, kvt_model_arch,
         kvt_model_kv_rate, kvt_model_projection_config, kvt_model_projection, kvt_model_link,
     )
 }

@@ -90,6 +90,7 @@ class _Handle:
         self.busy = 0
         self.closed = False
         self.loans: Dict[int, S.kvt_cache_loan] = {}
+        self.reservations: Dict[int, S.kvt_cache_reservation] = {}
 
     def enter(self) -> ctypes.c_void_p:
         with self.cv:
@@ -109,17 +110,36 @@ class _Handle:
                 lib.kvt_cache_return(self.ptr, ctypes.byref(loan))
             self._finish()
 
+    def end_reservation(self, res: S.kvt_cache_reservation, publish: bool) -> int:
+        """Publishes or aborts res (once); returns kvt_cache_publish's code."""
+        with self.cv:
+            if self.reservations.pop(id(res), None) is None or not self.ptr:
+                return -errno.EINVAL
+            ptr = self.ptr
+            self.busy += 1  # the C cache stays open for this call
+        rc = 0
+        try:
+            if publish:
+                rc = lib.kvt_cache_publish(ptr, ctypes.byref(res))
+            else:
+                lib.kvt_cache_abort(ptr, ctypes.byref(res))
+        finally:
+            self.leave()
+        return int(rc)
+
     def close(self) -> None:
         with self.cv:
-            if not self.closed and self.loans:
-                log.warning("kvtier: cache closed with %d loans out: its tiers close once "
-                            "they are returned", len(self.loans))
+            if not self.closed and (self.loans or self.reservations):
+                log.warning("kvtier: cache closed with %d loans and %d reservations out: its "
+                            "tiers close once they are ended", len(self.loans),
+                            len(self.reservations))
             self.closed = True
             self._finish()
 
     def _finish(self) -> None:
         """Closes the C cache once closed, idle and with no loan out (cv held)."""
-        if self.closed and self.busy == 0 and not self.loans and self.ptr:
+        if self.closed and self.busy == 0 and not self.loans and not self.reservations \
+                and self.ptr:
             ptr, self.ptr = self.ptr, ctypes.c_void_p()
             lib.kvt_cache_close(ptr)
             self.ctx.close()
@@ -179,6 +199,52 @@ class Loan:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class Reservation:
+    """Room for one payload in the cache's hottest tier (Cache.reserve):
+    `array` is a writable uint8 view of len bytes (host memory of a dram
+    tier, page-locked and mapped for the GPU when the tier pins its slabs).
+    Write the payload there, then publish(); abort() (or leaving a with
+    block without publishing) gives the room back. A reservation nobody
+    ended is aborted once neither it nor its array is referenced."""
+
+    def __init__(self, handle: _Handle, res: S.kvt_cache_reservation, key: Key) -> None:
+        self.key = key
+        self._h = handle
+        self._res = res
+        self._len = int(res.len)
+        raw = (ctypes.c_uint8 * self._len).from_address(int(res.data))
+        self.array: Optional[np.ndarray] = np.ctypeslib.as_array(raw)
+        self._finalizer = weakref.finalize(raw, handle.end_reservation, res, False)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def publish(self) -> None:
+        """Makes the bytes written the value of key (after the header checks
+        of a put, and written through as a put is). Raises Error (a failed
+        check: the reservation is aborted) or ValueError (already ended)."""
+        self._finalizer.detach()
+        self.array = None
+        rc = self._h.end_reservation(self._res, True)
+        if rc == -errno.EINVAL:
+            raise ValueError("kvtier: the reservation was already published or aborted")
+        if rc:
+            detail = self._h.ctx.logged()
+            raise Error(rc, detail=f"publish {self.key}: {detail}" if detail
+                        else f"publish {self.key}")
+
+    def abort(self) -> None:
+        """Gives the room back; nothing is stored (idempotent)."""
+        self.array = None
+        self._finalizer()
+
+    def __enter__(self) -> "Reservation":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.abort()  # after publish() this does nothing
 
 
 class Cache:
@@ -352,6 +418,35 @@ class Cache:
         tier = self._call(lib.kvt_cache_tier, int(loan.tier))
         device = bool(lib.kvt_tier_traits(tier) & TIER_DEVICE)
         return Loan(h, loan, Key(key), device)
+
+    def reserve(self, key: KeyLike, length: int,
+                prev: Optional[KeyLike] = None) -> Optional[Reservation]:
+        """Room for key's payload of `length` bytes in the hottest tier, to
+        be written in place (a GPU store kernel writes straight into it) and
+        published: a put without the copy (kvt_cache_reserve). prev as for
+        put(). Returns None when key is held already (nothing reserved).
+        Raises Error: KVT_ENOTSUP (the hottest tier cannot reserve: nvme,
+        remote or hbm tiers; use put), -ENOSPC."""
+        k = _k(key)
+        p = _k(prev) if prev is not None else None
+        res = S.init(S.kvt_cache_reservation)
+        h = self._h
+        ptr = h.enter()
+        try:
+            h.ctx.clear_logged()
+            rc = lib.kvt_cache_reserve(ptr, ctypes.byref(k),
+                                       ctypes.byref(p) if p is not None else None,
+                                       int(length), ctypes.byref(res))
+            if rc == 0:
+                with h.cv:
+                    h.reservations[id(res)] = res
+        finally:
+            h.leave()
+        if rc == -errno.EEXIST:
+            return None
+        if rc:
+            self._raise(rc, f"reserve {Key(key)} ({length} bytes)")
+        return Reservation(h, res, Key(key))
 
     def get_many_into(self, keys: Sequence[KeyLike], buffers: Sequence[Buffer], *,
                       max_in_flight: int = 0) -> List[GetResult]:

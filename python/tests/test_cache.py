@@ -100,9 +100,10 @@ def test_borrow_lends_the_tiers_own_bytes_until_returned(tmp_path: Path, caplog)
         assert cache.stats().pinned >= 1 and arr.tobytes() == payloads[2]
         del arr
         assert cache.stats().pinned == 0
-        # A loan still out when the cache closes is returned, with a warning.
+        # A loan still out when the cache closes keeps its tiers open until it is
+        # returned, with a warning.
         kept = cache.borrow(keys[0])
-    assert "1 loans out" in caplog.text
+    assert "1 loans and 0 reservations out" in caplog.text
     kept.close()  # after the cache closed: nothing to do
 
 
@@ -287,3 +288,36 @@ def test_redis_is_shared_between_two_caches(redis_url: str) -> None:
         assert decode.get_many(keys) == payloads
         assert decode.lookup(tokens) == 3 * CHUNK
         assert prefill.stats().items == 3
+
+
+def test_reserve_then_publish_stores_without_a_copy(tmp_path: Path) -> None:
+    _, keys, payloads = _chunks(3, seed=7)
+    with kvtier.Cache(f"dram:4MiB;nvme:{tmp_path}/n:16MiB", fingerprint=FP, chunk_tokens=CHUNK,
+                      write_through=True) as cache:
+        with cache.reserve(keys[0], len(payloads[0])) as r:
+            assert isinstance(r, kvtier.Reservation) and len(r) == len(payloads[0])
+            r.array[:] = np.frombuffer(payloads[0], np.uint8)
+            assert cache.get(keys[0]) is None  # not yet published
+            r.publish()
+        assert cache.get(keys[0]) == payloads[0] and cache.where(keys[0]) == [0, 1]
+        assert cache.reserve(keys[0], len(payloads[0])) is None  # held already
+        with pytest.raises(ValueError, match="already"):
+            r.publish()
+        # Chained, and a refused publish (another chunk's bytes) stores nothing.
+        r = cache.reserve(keys[1], len(payloads[1]), prev=keys[0])
+        r.array[:] = np.frombuffer(payloads[2], np.uint8)[:len(payloads[1])]
+        with pytest.raises(kvtier.Error) as e:
+            r.publish()
+        assert e.value.code == ErrorCode.EFOREIGN and keys[1] not in cache
+        # Aborted (or dropped) reservations give the room back.
+        with cache.reserve(keys[1], len(payloads[1]), prev=keys[0]):
+            pass
+        cache.reserve(keys[2], len(payloads[2]))
+        assert keys[1] not in cache
+        s = cache.stats(0)
+        assert s.items == 1 and s.puts == 1
+    nv = kvtier.Cache(f"nvme:{tmp_path}/only:16MiB", fingerprint=FP, chunk_tokens=CHUNK)
+    with pytest.raises(kvtier.Error) as e:
+        nv.reserve(keys[0], len(payloads[0]))
+    assert e.value.code == ErrorCode.ENOTSUP
+    nv.close()

@@ -127,9 +127,9 @@ def worker_classes() -> Any:
 @pytest.mark.parametrize("tiers", ["dram:64MiB", "dram:64MiB,pin=off", "nvme"])
 def test_worker_on_cuda_restores_chunks_through_each_kind_of_tier(worker_classes, tiers: str,
                                                                   tmp_path) -> None:
-    """dram (pinned slabs): payloads are lent in place and loaded from there;
-    dram with pin=off: lent pageable bytes go through the thread's pinned
-    buffer; nvme: copied into it. A corrupt chunk is a failed load that
+    """dram (pinned slabs): payloads are stored into reserved blocks and lent
+    in place to loads; dram with pin=off: lent pageable bytes go through the
+    thread's pinned buffer; nvme: copied into it. A corrupt chunk is a failed load that
     names it and every block from it on, and writes none of its blocks."""
     GPULoadStoreSpec, KvtierStoreSpec, KvtierLoadSpec, KvtierWorker = worker_classes
     raw, views = make_views()
@@ -145,6 +145,10 @@ def test_worker_on_cuda_restores_chunks_through_each_kind_of_tier(worker_classes
         w.wait({1})
         (res,) = w.get_finished()
         assert res.success, w.stats
+        # Pinned dram: the store kernel wrote into blocks reserved in the tier.
+        # Pageable dram (the kernel cannot write it) and nvme (cannot reserve):
+        # through the thread's pinned buffer and a put.
+        assert w._reserving == (tiers == "dram:64MiB")
         dst = [10, 11, 12, 13, 14, 15, 16, 17]
         assert w.submit_load(2, KvtierLoadSpec(okeys), GPULoadStoreSpec(dst, group_sizes=[8],
                                                                         block_indices=[0]))

@@ -228,6 +228,10 @@ def test_worker_store_then_load_into_other_blocks(worker) -> None:
     res = _run(worker, worker.submit_store, 1, src, KvtierStoreSpec(okeys, [None, okeys[0]]))
     assert res.success and res.transfer_size > 0
     assert worker.probe(okeys) == set(okeys)
+    # dram: written in place into blocks reserved in the tier; nvme cannot
+    # reserve, so the worker stores through its host buffers from then on.
+    assert worker._reserving == (worker.tiers == "dram")
+    assert worker.cache.stats(0).puts == 2
     before = [t.copy() for t in worker.device.layers]
     dst = GPULoadStoreSpec([10, 11, 12], group_sizes=[3], block_indices=[1])  # skips block 1
     res = _run(worker, worker.submit_load, 2, KvtierLoadSpec(okeys), dst)

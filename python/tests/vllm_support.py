@@ -109,6 +109,11 @@ class CpuDevice:
     def host_buffer(self, nbytes: int) -> np.ndarray:
         return np.zeros(nbytes, dtype=np.uint8)
 
+    def payload_bytes(self, num_blocks: int) -> int:
+        sh = self.spec.shape
+        return kvtier.encode_bound(self.spec.codec, sh.layers, num_blocks * self.block_size,
+                                   sh.kv_heads, sh.head_dim)
+
     def mark(self) -> None:
         return None
 

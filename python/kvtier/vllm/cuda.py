@@ -12,7 +12,7 @@ payload is sealed or the KV written (the worker reports a job only then).
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -51,6 +51,7 @@ class CudaDevice:
         self.codec = codec
         self.fingerprint = fingerprint
         self._local = threading.local()
+        self._bounds: Dict[int, int] = {}
         self._torch = gpu._torch()
 
     def _stream(self) -> Any:
@@ -74,11 +75,18 @@ class CudaDevice:
         ev.record(torch.cuda.current_stream(self.kv.device))
         return ev
 
+    def payload_bytes(self, num_blocks: int) -> int:
+        n = self._bounds.get(num_blocks)
+        if n is None:
+            n = self._bounds[num_blocks] = self.kv.store_bound(num_blocks * self.kv.block_size,
+                                                               self.codec)
+        return n
+
     def store(self, block_ids: Sequence[int], out: np.ndarray, *, key: Key, after: Any) -> int:
         s = self._stream()
         if after is not None:
             s.wait_event(after)
-        need = self.kv.store_bound(len(block_ids) * self.kv.block_size, self.codec)
+        need = self.payload_bytes(len(block_ids))
         if need > out.size:
             raise Error(ErrorCode.ENOBUFS, detail=f"a payload of {need} bytes, buffer {out.size}")
         return self.kv.store(list(block_ids), out[:need], codec=self.codec, key=key,

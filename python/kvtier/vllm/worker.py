@@ -77,6 +77,12 @@ class KVDevice(Protocol):
         kvtier.Error (KVT_ENOBUFS when out is too small, KVT_ENONFINITE...)."""
         ...
 
+    def payload_bytes(self, num_blocks: int) -> int:
+        """The exact length of a store of num_blocks blocks (optional: with
+        it, the worker has the store write straight into a block reserved in
+        the cache's dram tier, Cache.reserve, instead of copying)."""
+        ...
+
     def load(self, payload: np.ndarray, block_ids: Sequence[int], *, key: Key) -> None:
         """Checks payload (header, key, fingerprint, shape, checksums) and
         writes its tokens into the blocks; returns once they are written.
@@ -180,6 +186,7 @@ class KvtierWorker(OffloadingWorker):
         self._seq = itertools.count()
         self._putting: Dict[Key, threading.Event] = {}  # chunks queued or being stored
         self._closed = False
+        self._reserving = True  # stores write into blocks reserved in the cache
         self._threads = [threading.Thread(target=self._serve, name=f"kvtier-vllm-{i}",
                                           daemon=True) for i in range(max(1, threads))]
         for t in self._threads:
@@ -359,15 +366,18 @@ class KvtierWorker(OffloadingWorker):
 
     def _store_chunk(self, key: Key, prev: Optional[Key], ids: List[int], after: Any,
                      mine: threading.Event) -> int:
-        """Stores one chunk; returns the payload's bytes (0: held already)."""
+        """Stores one chunk; returns the payload's bytes (0: held already).
+        mine is set once the chunk's entry is in the cache (or will not be),
+        so the next chunk of the chain can be put with this one as prev."""
         try:
             if self.cache.query(key) is not None:
                 return 0  # held already (another engine, or before a restart)
+            if self._reserving:
+                n = self._store_in_place(key, prev, ids, after, mine)
+                if n is not None:
+                    return n
             n = self._encode(ids, key, after)
-            with self._lock:
-                before = self._putting.get(prev) if prev is not None else None
-            if before is not None:
-                before.wait()
+            self._after(prev)
             self.cache.put(key, self._buffer(n)[:n], prev=prev)
             return n
         except Error as e:
@@ -378,6 +388,54 @@ class KvtierWorker(OffloadingWorker):
             with self._lock:
                 if self._putting.get(key) is mine:
                     del self._putting[key]
+
+    def _after(self, prev: Optional[Key]) -> None:
+        """Waits until prev's entry is in the cache (or will not be)."""
+        with self._lock:
+            before = self._putting.get(prev) if prev is not None else None
+        if before is not None:
+            before.wait()
+
+    def _store_in_place(self, key: Key, prev: Optional[Key], ids: List[int], after: Any,
+                        mine: threading.Event) -> Optional[int]:
+        """Stores the chunk straight into a block reserved for it in the
+        cache's hottest tier (no copy); None where that cannot be done (a
+        tier that cannot reserve, memory the device cannot write, no room)
+        and the caller stores through its host buffer."""
+        bound = getattr(self.device, "payload_bytes", None)
+        if bound is None:
+            self._reserving = False
+            return None
+        n = int(bound(len(ids)))
+        self._after(prev)
+        try:
+            res = self.cache.reserve(key, n, prev=prev)
+        except Error as e:
+            if e.code == ErrorCode.ENOTSUP:
+                self._reserving = False  # the hottest tier cannot: never again
+            elif e.code != -errno.ENOSPC:
+                raise
+            return None  # ENOSPC: a put tries the tiers below
+        if res is None:
+            return 0  # another engine or job stored it meanwhile
+        mine.set()  # the entry exists: the next chunk may reserve behind it
+        try:
+            assert res.array is not None
+            m = self.device.store(ids, res.array, key=key, after=after)
+            if m != n:
+                raise Error(ErrorCode.ESHAPE, detail=f"the device wrote {m} bytes, said {n}")
+            res.publish()
+            return n
+        except Error as e:
+            res.abort()
+            if e.code == ErrorCode.ENOTSUP:  # memory the device cannot write (pageable)
+                log.info("kvtier.vllm: the device cannot store into the cache's tier (%s); "
+                         "storing through host buffers", e)
+                self._reserving = False
+                return None
+            raise
+        finally:
+            res.abort()  # a no-op once published or aborted
 
     def _encode(self, ids: List[int], key: Key, after: Any) -> int:
         buf = self._buffer(1 << 20)

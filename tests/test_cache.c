@@ -700,6 +700,148 @@ static void test_cache_reserve_keeps_the_prefix_of_its_chain(void **state) {
   kvt_cache_close(c);
 }
 
+/* A hottest tier that cannot reserve (a decorator over dram says
+ * KVT_ENOTSUP only when asked) is found out before any room is made: a
+ * reservation that does not happen costs nobody their place. */
+static void test_cache_reserve_refused_by_a_decorator_evicts_nothing(void **state) {
+  (void)state;
+  char d[64], spec[128];
+  snprintf(spec, sizeof(spec), "trace@%s", dram_for(d, sizeof(d), 2));
+  kvt_cache *c = open_cache(spec, 0, &fx->fp);
+  kvt_key a = single_key(2700), b = single_key(2701), x = single_key(2702);
+  put_expect(c, &a, NULL, 0);
+  put_expect(c, &b, NULL, 0);
+  kvt_cache_reservation res;
+  assert_int_equal(kvt_cache_reserve(c, &x, NULL, plen, &res), KVT_ENOTSUP);
+  assert_int_equal(stats(c, 0).evictions, 0);
+  assert_int_equal(stats(c, 0).errors, 0);
+  assert_int_equal(kvt_cache_query(c, &a, NULL, NULL), 0);
+  assert_int_equal(kvt_cache_query(c, &b, NULL, NULL), 0);
+  assert_int_equal(stats(c, 0).used, 2 * pcost);
+  assert_settled(c);
+  kvt_cache_close(c);
+}
+
+/* While a chunk's reservation is out, its parent is the head of a chain
+ * that lives on in this tier: another put evicts something else, so the
+ * chunk, once published, is reachable by lookups. */
+static void test_cache_eviction_keeps_the_parent_of_a_reservation(void **state) {
+  (void)state;
+  char d[64];
+  kvt_cache *c = open_cache(dram_for(d, sizeof(d), 3), 0, &fx->fp);
+  kvt_key k[2];
+  chain_keys(&fx->fp, 2710, 2, k);
+  kvt_key x = single_key(2711), y = single_key(2712);
+  put_expect(c, &k[0], NULL, 0);
+  uint64_t len;
+  uint8_t *p = payload_of(fx->ctx, &fx->fp, &k[1], CT_TOKENS, &len);
+  kvt_cache_reservation res;
+  assert_int_equal(kvt_cache_reserve(c, &k[1], &k[0], len, &res), 0);
+  put_expect(c, &x, NULL, 0);
+  put_expect(c, &y, NULL, 0); /* the tier is full: one of k[0], x goes */
+  memcpy(res.data, p, len);
+  assert_int_equal(kvt_cache_publish(c, &res), 0);
+  free(p);
+  assert_int_equal(kvt_cache_query(c, &k[0], NULL, NULL), 0);
+  size_t hits = 0;
+  assert_int_equal(kvt_cache_lookup_keys(c, k, 2, &hits), 0);
+  assert_int_equal(hits, 2);
+  assert_settled(c);
+  kvt_cache_close(c);
+}
+
+/* A reservation chained to another unpublished one that is aborted: the
+ * child publishes on its own, the parent can be put again and the chain
+ * is whole for lookups. */
+static void test_cache_reserve_behind_an_aborted_reservation(void **state) {
+  (void)state;
+  kvt_cache *c = open_cache("dram:1MiB", 0, &fx->fp);
+  kvt_key k[2];
+  chain_keys(&fx->fp, 2720, 2, k);
+  kvt_cache_reservation ra, rb;
+  assert_int_equal(kvt_cache_reserve(c, &k[0], NULL, plen, &ra), 0);
+  uint64_t len;
+  uint8_t *p = payload_of(fx->ctx, &fx->fp, &k[1], CT_TOKENS, &len);
+  assert_int_equal(kvt_cache_reserve(c, &k[1], &k[0], len, &rb), 0);
+  kvt_cache_abort(c, &ra);
+  assert_int_equal(stats(c, 0).used, pcost);
+  memcpy(rb.data, p, len);
+  assert_int_equal(kvt_cache_publish(c, &rb), 0);
+  free(p);
+  put_chain(c, k, 0, 1, 0);
+  size_t hits = 0;
+  assert_int_equal(kvt_cache_lookup_keys(c, k, 2, &hits), 0);
+  assert_int_equal(hits, 2);
+  assert_int_equal(stats(c, 0).items, 2);
+  assert_int_equal(stats(c, 0).used, 2 * pcost);
+  assert_settled(c);
+  kvt_cache_close(c);
+}
+
+/* While reserved the key is invisible: delete, get, query and lookups miss;
+ * larger than the tier: -ENOSPC with nothing left behind; a refused
+ * publish under write-through leaves every tier's accounting as it was. */
+static void test_cache_reserved_key_is_invisible_and_refusals_leave_nothing(void **state) {
+  (void)state;
+  char spec[512];
+  snprintf(spec, sizeof(spec), "dram:1MiB;nvme:%s/resinv:4MiB", fx->dir);
+  kvt_cache *c = open_cache(spec, KVT_CACHE_WRITE_THROUGH, &fx->fp);
+  kvt_key k[1];
+  chain_keys(&fx->fp, 2730, 1, k);
+  kvt_cache_reservation res;
+  assert_int_equal(kvt_cache_reserve(c, &k[0], NULL, (uint64_t)2 << 20, &res), -ENOSPC);
+  assert_int_equal(res.tier, -1);
+  assert_int_equal(stats(c, -1).pinned, 0);
+  assert_int_equal(kvt_cache_reserve(c, &k[0], NULL, plen, &res), 0);
+  assert_int_equal(kvt_cache_del(c, &k[0]), KVT_ENOTFOUND);
+  assert_int_equal(get_one(c, &k[0], NULL), KVT_ENOTFOUND);
+  assert_int_equal(kvt_cache_where(c, &k[0]), 0);
+  size_t hits = 1;
+  assert_int_equal(kvt_cache_lookup_keys(c, k, 1, &hits), 0);
+  assert_int_equal(hits, 0);
+  memset(res.data, 0, plen); /* not a payload */
+  assert_true(kvt_cache_publish(c, &res) != 0);
+  for (int t = 0; t < 2; t++) {
+    assert_int_equal(stats(c, t).used, 0);
+    assert_int_equal(stats(c, t).items, 0);
+    assert_int_equal(stats(c, t).puts, 0);
+  }
+  assert_int_equal(reserve_put(c, &k[0], NULL, &fx->fp), 0);
+  assert_int_equal(kvt_cache_where(c, &k[0]), 3u);
+  assert_settled(c);
+  kvt_cache_close(c);
+}
+
+/* A write-through that fails leaves the published payload in dram. */
+static void test_cache_publish_with_a_failing_write_through(void **state) {
+  (void)state;
+  char spec[512];
+  snprintf(spec, sizeof(spec), "dram:1MiB;fault:op=put,mode=fail@nvme:%s/wtf:4MiB", fx->dir);
+  kvt_cache *c = open_cache(spec, KVT_CACHE_WRITE_THROUGH, &fx->fp);
+  kvt_key k[1];
+  chain_keys(&fx->fp, 2740, 1, k);
+  assert_int_equal(reserve_put(c, &k[0], NULL, &fx->fp), 0);
+  assert_int_equal(kvt_cache_where(c, &k[0]), 1u);
+  assert_int_equal(stats(c, 1).used, 0);
+  assert_true(stats(c, 1).errors >= 1);
+  assert_int_equal(get_check(c, &k[0]), 0);
+  assert_settled(c);
+  kvt_cache_close(c);
+}
+
+/* A cache closed with a reservation out frees everything (the header asks
+ * callers not to; a binding's finalizer may still). */
+static void test_cache_close_with_a_reservation_out_leaks_nothing(void **state) {
+  (void)state;
+  kvt_cache *c = open_cache("dram:1MiB", 0, &fx->fp);
+  kvt_key k[2];
+  chain_keys(&fx->fp, 2750, 2, k);
+  put_chain(c, k, 0, 1, 0);
+  kvt_cache_reservation res;
+  assert_int_equal(kvt_cache_reserve(c, &k[1], &k[0], plen, &res), 0);
+  kvt_cache_close(c); /* the fixture's teardown checks for leaks */
+}
+
 /* kvt_cache_open accepts a config of an older (shorter) struct_size.
  * The defect it guarded (found in review): kvt_cache_config gained headroom_pct
  * and links after its first version; config structs are only appended to
@@ -763,6 +905,12 @@ int main(void) {
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_reserve_keeps_the_prefix_of_its_chain, ct_setup,
                                       ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_reserve_refused_by_a_decorator_evicts_nothing, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_eviction_keeps_the_parent_of_a_reservation, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_reserve_behind_an_aborted_reservation, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_reserved_key_is_invisible_and_refusals_leave_nothing, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_publish_with_a_failing_write_through, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_close_with_a_reservation_out_leaks_nothing, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_open_rejects_bad_configs, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_open_accepts_a_config_of_an_older_size, ct_setup,
                                       ct_teardown),

@@ -405,8 +405,113 @@ static void test_cache_del_waits_for_get_many_reading_its_key(void **state) {
   kvt_cache_close(c);
 }
 
+/* Several threads reserve the same key: one gets the block, the others wait
+ * for its end: -EEXIST once it is published, a block of their own when it is
+ * aborted. A put of the key waits the same way. */
+typedef struct rjob {
+  kvt_cache *c;
+  kvt_key key;
+  uint8_t *payload;
+  uint64_t len;
+  int abort_it, result, published;
+  pthread_t th;
+} rjob;
+
+static void *rjob_main(void *arg) {
+  rjob *j = arg;
+  kvt_cache_reservation res;
+  j->result = kvt_cache_reserve(j->c, &j->key, NULL, j->len, &res);
+  if (j->result)
+    return NULL;
+  sleep_ms(100); /* the block held while the others ask for it */
+  memcpy(res.data, j->payload, j->len);
+  if (j->abort_it) {
+    kvt_cache_abort(j->c, &res);
+  } else {
+    j->published = 1;
+    j->result = kvt_cache_publish(j->c, &res);
+  }
+  return NULL;
+}
+
+static void test_cache_concurrent_reserves_of_one_key(void **state) {
+  (void)state;
+  enum { N = 4 };
+  for (int abort_first = 0; abort_first < 2; abort_first++) {
+    kvt_cache *c = open_cache("dram:1MiB", 0, &fx->fp);
+    kvt_key k = single_key(6900 + (uint32_t)abort_first);
+    uint64_t len;
+    uint8_t *p = payload_of(fx->ctx, &fx->fp, &k, CT_TOKENS, &len);
+    rjob j[N];
+    for (int i = 0; i < N; i++) {
+      j[i] = (rjob){.c = c, .key = k, .payload = p, .len = len};
+      j[i].abort_it = abort_first && i == 0;
+      assert_int_equal(pthread_create(&j[i].th, NULL, rjob_main, &j[i]), 0);
+      if (i == 0)
+        sleep_ms(30); /* the first one reserves first */
+    }
+    int putr = put_one(c, &k, NULL, CT_TOKENS); /* waits for the reservation */
+    for (int i = 0; i < N; i++)
+      assert_int_equal(pthread_join(j[i].th, NULL), 0);
+    int held = 0, exist = 0;
+    for (int i = 0; i < N; i++) {
+      held += j[i].published && j[i].result == 0;
+      exist += j[i].result == -EEXIST;
+    }
+    assert_int_equal(putr, 0);
+    assert_int_equal(get_one(c, &k, NULL), 0);
+    assert_true(held <= 1);
+    assert_int_equal(held + exist + (abort_first ? 1 : 0), N);
+    assert_int_equal(stats(c, 0).puts, 1);
+    assert_int_equal(stats(c, 0).used, pcost);
+    assert_settled(c);
+    kvt_cache_close(c);
+    free(p);
+  }
+}
+
+/* The background mover works while reservations are out (their room counts
+ * as used, their entries are not victims); once published the accounting
+ * agrees with the tiers'. */
+static void test_cache_reservations_with_the_background_mover(void **state) {
+  (void)state;
+  char d[64], spec[128];
+  snprintf(spec, sizeof(spec), "%s;dram:4MiB", dram_for(d, sizeof(d), 6));
+  kvt_cache *c = open_bg(spec, 40);
+  enum { N = 5 };
+  kvt_key k[N];
+  chain_keys(&fx->fp, 7000, N, k);
+  kvt_cache_reservation res[N];
+  uint8_t *p[N];
+  uint64_t len = 0;
+  put_chain(c, k, 0, 1, 0);
+  for (int i = 1; i < N; i++) {
+    p[i] = payload_of(fx->ctx, &fx->fp, &k[i], CT_TOKENS, &len);
+    assert_int_equal(kvt_cache_reserve(c, &k[i], &k[i - 1], len, &res[i]), 0);
+  }
+  sleep_ms(200); /* the mover wakes at the next put or publish */
+  for (int i = 1; i < N; i++) {
+    memcpy(res[i].data, p[i], len);
+    assert_int_equal(kvt_cache_publish(c, &res[i]), 0);
+    free(p[i]);
+  }
+  wait_unpinned(c);
+  sleep_ms(200);
+  size_t hits = 0;
+  assert_int_equal(kvt_cache_lookup_keys(c, k, N, &hits), 0);
+  assert_int_equal(hits, N);
+  for (int i = 0; i < N; i++)
+    assert_int_equal(get_check(c, &k[i]) >= 0, 1);
+  assert_int_equal(stats(c, 0).used + stats(c, 1).used,
+                   (stats(c, 0).items + stats(c, 1).items) * pcost);
+  assert_settled(c);
+  kvt_cache_close(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_cache_concurrent_reserves_of_one_key, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_reservations_with_the_background_mover, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_del_waits_for_a_get_in_progress, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_cache_get_of_a_payload_being_evicted, ct_setup,

@@ -64,3 +64,56 @@ def test_a_loan_array_cannot_be_made_writable() -> None:
         loan.close()
     """)
     assert "read-only" in r.stdout, r.stdout + r.stderr[-300:]
+
+
+def test_a_reservation_array_kept_past_publish_and_close_does_not_crash_python(tmp_path) -> None:
+    """A reservation's array kept after publish(): the cache closes (its
+    tiers unmap their slabs) while the array still points into them, and
+    using it kills the interpreter, as a kept loan array did at 8c95c7b."""
+    r = _child(f"""
+        cache.close()
+        cache = kvtier.Cache("dram:4MiB", fingerprint=FP, chunk_tokens=16)
+        (k2,) = kvtier.chunk_keys(FP, np.arange(16, 32, dtype=np.uint32), 16)
+        p2 = kvtier.encode(k, k, "k16v8", key=k2, fingerprint=FP)
+        with cache:
+            res = cache.reserve(k2, len(p2))
+            arr = res.array
+            arr[:] = np.frombuffer(p2, np.uint8)
+            res.publish()
+        print(int(arr.astype(np.uint64).sum()))
+    """)
+    assert r.returncode == 0, f"child died with {r.returncode}: {r.stderr[-300:]}"
+
+
+def test_close_with_a_reservation_out_closes_once_it_ends(tmp_path) -> None:
+    """close() with a reservation out keeps the tiers (the nvme directory's
+    lock) until it is published, aborted or dropped, then lets them go."""
+    r = _child(f"""
+        cache.close()
+        d = "{tmp_path}/n"
+        spec = "dram:4MiB;nvme:" + d + ":16MiB"
+        for end in ("publish", "abort", "drop"):
+            c = kvtier.Cache(spec, fingerprint=FP, chunk_tokens=16, write_through=True)
+            res = c.reserve(key, len(payload))
+            if res is None:
+                c.delete(key); res = c.reserve(key, len(payload))
+            res.array[:] = np.frombuffer(payload, np.uint8)
+            c.close()
+            try:
+                kvtier.Cache("nvme:" + d + ":16MiB", fingerprint=FP, chunk_tokens=16).close()
+                print(end, "lock released too early")
+            except kvtier.Error:
+                pass
+            if end == "publish":
+                res.publish()
+            elif end == "abort":
+                res.abort()
+            else:
+                del res
+            c2 = kvtier.Cache("nvme:" + d + ":16MiB", fingerprint=FP, chunk_tokens=16)
+            print(end, "held" if c2.query(key) else "absent")
+            c2.close()
+    """)
+    assert r.returncode == 0, r.stderr[-500:]
+    assert "too early" not in r.stdout, r.stdout
+    assert r.stdout.split() == ["publish", "held", "abort", "absent", "drop", "absent"], r.stdout

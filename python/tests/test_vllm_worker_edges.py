@@ -195,3 +195,25 @@ def test_two_jobs_refusing_the_same_lent_payload_do_not_deadlock() -> None:
         assert w.cache.stats().pinned == 0 and w.cache.query(w.key(okeys[0])) is None
     finally:
         w.shutdown()
+
+
+def test_a_key_stored_again_by_a_later_job_does_not_block_the_first_job() -> None:
+    """Job 1 stores [A, B]; job 2, submitted while A is being stored, stores
+    [A] again. job 2's event replaces job 1's in _putting, so job 1's B
+    waits for job 2's A, which is queued behind B: with one transfer thread
+    neither job ever finishes."""
+    w = _worker(threads=1)
+    try:
+        okeys = _keys(2, salt=8)
+        w.device.store_s = 0.3
+        src = GPULoadStoreSpec([0, 1, 2, 3], group_sizes=[4], block_indices=[0])
+        assert w.submit_store(1, src, KvtierStoreSpec(okeys, [None, okeys[0]]))
+        time.sleep(0.1)  # job 1's A is being stored
+        src2 = GPULoadStoreSpec([0, 1], group_sizes=[2], block_indices=[0])
+        assert w.submit_store(2, src2, KvtierStoreSpec(okeys[:1], [None]))
+        done = threading.Event()
+        threading.Thread(target=lambda: (w.wait({1, 2}), done.set()), daemon=True).start()
+        assert done.wait(5), "deadlock: job 1's B waits for job 2's A, queued behind it"
+    finally:
+        if done.is_set():
+            w.shutdown()

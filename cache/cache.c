@@ -169,12 +169,13 @@ void cache_forget_copy(kvt_cache *c, centry *e, int t) {
 
 /* ---- victims -------------------------------------------------------------- */
 
-/* Whether a child of v has a copy in tier t or a hotter one: then v is the
- * head of a chain that still lives at this level and must stay. */
+/* Whether a child of v has a copy in tier t or a hotter one, or is being
+ * put (a reservation being written has no copy yet): then v is the head of
+ * a chain that still lives at this level and must stay. */
 static int has_near_child(const centry *v, int t) {
   uint32_t near = (TBIT(t) << 1) - 1;
   for (const centry *k = v->kids; k; k = k->sib_next)
-    if (k->mask & near)
+    if ((k->mask & near) || k->state == E_PUTTING)
       return 1;
   return 0;
 }

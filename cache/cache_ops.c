@@ -384,9 +384,12 @@ int kvt_cache_reserve(kvt_cache *c, const kvt_key *key, const kvt_key *prev, uin
   res->tier = -1;
   if (c->ntiers == 0)
     return -ENOSPC;
+  /* Host memory only (publish checks the header on the host), and a tier
+   * that can reserve at all: known before anything is evicted for it. */
   const uint32_t traits = kvt_tier_traits(c->t[0].tier);
-  if (traits & (KVT_TIER_DEVICE | KVT_TIER_SHARED) || !(traits & KVT_TIER_HOST_MEMORY))
-    return KVT_ENOTSUP; /* the header is checked on the host at publish */
+  if (traits & (KVT_TIER_DEVICE | KVT_TIER_SHARED) || !(traits & KVT_TIER_HOST_MEMORY) ||
+      !kvt_tier_can_reserve(c->t[0].tier))
+    return KVT_ENOTSUP;
   centry *e = NULL;
   int r = put_begin(c, key, prev, len, &e);
   if (r)
@@ -430,8 +433,20 @@ static void reserve_undo(kvt_cache *c, kvt_cache_reservation *res) {
   res->tier = -1;
 }
 
+/* Whether res is an open reservation of c: its entry is c's entry for its
+ * key, still being put (a cleared or foreign reservation is not). */
+static int reservation_of(kvt_cache *c, const kvt_cache_reservation *res) {
+  if (!res->internal[0] || res->tier != 0)
+    return 0;
+  pthread_mutex_lock(&c->mu);
+  const centry *e = cache_find(c, &res->key);
+  const int ok = e == res->internal[0] && e->state == E_PUTTING;
+  pthread_mutex_unlock(&c->mu);
+  return ok;
+}
+
 int kvt_cache_publish(kvt_cache *c, kvt_cache_reservation *res) {
-  if (!c || !res || !res->internal[0] || res->tier != 0)
+  if (!c || !res || !reservation_of(c, res))
     return -EINVAL;
   centry *e = res->internal[0];
   int r = check_payload(c, &res->key, res->data, res->len, 0, "publish of");
@@ -460,7 +475,7 @@ int kvt_cache_publish(kvt_cache *c, kvt_cache_reservation *res) {
 }
 
 void kvt_cache_abort(kvt_cache *c, kvt_cache_reservation *res) {
-  if (c && res && res->internal[0] && res->tier == 0)
+  if (c && res && reservation_of(c, res))
     reserve_undo(c, res);
 }
 

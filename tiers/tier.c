@@ -590,11 +590,16 @@ void kvt_tier_return(kvt_tier *t, kvt_tier_loan *loan) {
     t->be->unborrow(t->state, loan);
 }
 
+int kvt_tier_can_reserve(const kvt_tier *t) {
+  return t && HAS_MEMBER(t->be, reserve) && HAS_MEMBER(t->be, publish) &&
+         HAS_MEMBER(t->be, abort);
+}
+
 int kvt_tier_reserve(kvt_tier *t, const kvt_key *key, uint64_t len, kvt_tier_reservation *res) {
   if (!t || !key || !res)
     return -EINVAL;
   memset(res, 0, sizeof(*res));
-  if (!HAS_MEMBER(t->be, reserve) || !HAS_MEMBER(t->be, publish) || !HAS_MEMBER(t->be, abort))
+  if (!kvt_tier_can_reserve(t))
     return KVT_ENOTSUP;
   res->key = *key;
   res->len = len;

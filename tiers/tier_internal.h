@@ -25,6 +25,10 @@ extern const kvt_tier_backend kvt_tier_backend_trace; /* tiers/tier_trace.c */
  * parsers that split lists of specs ("dram:4GiB;nvme:..."). */
 int kvt_tier_scheme_known(const char *name, size_t len);
 
+/* Whether the tier's backend has reserve, publish and abort (a decorator or
+ * a backend without them answers kvt_tier_reserve with KVT_ENOTSUP). */
+int kvt_tier_can_reserve(const kvt_tier *t);
+
 /* Why text is no capacity (kvt_parse_size failed, or gave 0), to follow the
  * quoted text in a message: "is too large (...)" for a number past 2^64 - 1
  * bytes, else "is not a size above zero". */

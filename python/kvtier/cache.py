@@ -91,6 +91,7 @@ class _Handle:
         self.closed = False
         self.loans: Dict[int, S.kvt_cache_loan] = {}
         self.reservations: Dict[int, S.kvt_cache_reservation] = {}
+        self.arrays = 0  # Reservation arrays alive: they point into a tier
 
     def enter(self) -> ctypes.c_void_p:
         with self.cv:
@@ -120,12 +121,21 @@ class _Handle:
         rc = 0
         try:
             if publish:
+                self.ctx.clear_logged()
                 rc = lib.kvt_cache_publish(ptr, ctypes.byref(res))
             else:
                 lib.kvt_cache_abort(ptr, ctypes.byref(res))
         finally:
             self.leave()
         return int(rc)
+
+    def array_gone(self, res: S.kvt_cache_reservation) -> None:
+        """A Reservation's array was collected: aborts the reservation if it
+        is still open, and lets the cache close if it waited for it."""
+        self.end_reservation(res, False)
+        with self.cv:
+            self.arrays -= 1
+            self._finish()
 
     def close(self) -> None:
         with self.cv:
@@ -139,7 +149,7 @@ class _Handle:
     def _finish(self) -> None:
         """Closes the C cache once closed, idle and with no loan out (cv held)."""
         if self.closed and self.busy == 0 and not self.loans and not self.reservations \
-                and self.ptr:
+                and not self.arrays and self.ptr:
             ptr, self.ptr = self.ptr, ctypes.c_void_p()
             lib.kvt_cache_close(ptr)
             self.ctx.close()
@@ -207,7 +217,8 @@ class Reservation:
     tier, page-locked and mapped for the GPU when the tier pins its slabs).
     Write the payload there, then publish(); abort() (or leaving a with
     block without publishing) gives the room back. A reservation nobody
-    ended is aborted once neither it nor its array is referenced."""
+    ended is aborted once neither it nor its array is referenced. The array
+    must not be written after publish(): the bytes are the key's value."""
 
     def __init__(self, handle: _Handle, res: S.kvt_cache_reservation, key: Key) -> None:
         self.key = key
@@ -216,7 +227,11 @@ class Reservation:
         self._len = int(res.len)
         raw = (ctypes.c_uint8 * self._len).from_address(int(res.data))
         self.array: Optional[np.ndarray] = np.ctypeslib.as_array(raw)
-        self._finalizer = weakref.finalize(raw, handle.end_reservation, res, False)
+        # Until the array is collected the cache stays open (its block is
+        # tier memory); an unended reservation is then aborted.
+        with handle.cv:
+            handle.arrays += 1
+        weakref.finalize(raw, handle.array_gone, res)
 
     def __len__(self) -> int:
         return self._len
@@ -225,9 +240,10 @@ class Reservation:
         """Makes the bytes written the value of key (after the header checks
         of a put, and written through as a put is). Raises Error (a failed
         check: the reservation is aborted) or ValueError (already ended)."""
-        self._finalizer.detach()
+        rc = self._h.end_reservation(self._res, True)  # before the array may go
+        if self.array is not None:
+            self.array.flags.writeable = False  # the tier's value now
         self.array = None
-        rc = self._h.end_reservation(self._res, True)
         if rc == -errno.EINVAL:
             raise ValueError("kvtier: the reservation was already published or aborted")
         if rc:
@@ -236,9 +252,10 @@ class Reservation:
                         else f"publish {self.key}")
 
     def abort(self) -> None:
-        """Gives the room back; nothing is stored (idempotent)."""
+        """Gives the room back; nothing is stored (idempotent; nothing to do
+        after publish())."""
         self.array = None
-        self._finalizer()
+        self._h.end_reservation(self._res, False)
 
     def __enter__(self) -> "Reservation":
         return self
@@ -425,6 +442,8 @@ class Cache:
         be written in place (a GPU store kernel writes straight into it) and
         published: a put without the copy (kvt_cache_reserve). prev as for
         put(). Returns None when key is held already (nothing reserved).
+        Until the reservation ends, a put or reserve of the same key waits
+        for it: in one thread, publish or abort first.
         Raises Error: KVT_ENOTSUP (the hottest tier cannot reserve: nvme,
         remote or hbm tiers; use put), -ENOSPC."""
         k = _k(key)

@@ -209,11 +209,17 @@ class KvtierWorker(OffloadingWorker):
             # Each chunk is put after the chunk before it, with it as prev:
             # the cache's prefix-aware placement then never evicts a chain's
             # head for its tail. Encoding runs in parallel; only puts wait.
-            mine = []
-            for key in keys:
+            # What each chunk waits for is fixed now: the chunk before it in
+            # this job, or for the first one whatever stores its prev at this
+            # moment (a later job storing that key again does not count).
+            mine: List[threading.Event] = []
+            waits: List[Optional[threading.Event]] = []
+            for i, key in enumerate(keys):
+                waits.append(mine[-1] if i else
+                             self._putting.get(prevs[0]) if prevs[0] is not None else None)
                 mine.append(threading.Event())
                 self._putting[key] = mine[-1]
-        tasks = [(self._store_chunk, (keys[i], prevs[i], ids, after, mine[i]))
+        tasks = [(self._store_chunk, (keys[i], prevs[i], ids, after, mine[i], waits[i]))
                  for i, ids in enumerate(blocks)]
 
         def finish(results: List[Any]) -> KvtierTransferResult:
@@ -365,7 +371,7 @@ class KvtierWorker(OffloadingWorker):
     # --- store -------------------------------------------------------------------
 
     def _store_chunk(self, key: Key, prev: Optional[Key], ids: List[int], after: Any,
-                     mine: threading.Event) -> int:
+                     mine: threading.Event, before: Optional[threading.Event]) -> int:
         """Stores one chunk; returns the payload's bytes (0: held already).
         mine is set once the chunk's entry is in the cache (or will not be),
         so the next chunk of the chain can be put with this one as prev."""
@@ -373,11 +379,12 @@ class KvtierWorker(OffloadingWorker):
             if self.cache.query(key) is not None:
                 return 0  # held already (another engine, or before a restart)
             if self._reserving:
-                n = self._store_in_place(key, prev, ids, after, mine)
+                n = self._store_in_place(key, prev, ids, after, mine, before)
                 if n is not None:
                     return n
             n = self._encode(ids, key, after)
-            self._after(prev)
+            if before is not None:
+                before.wait()
             self.cache.put(key, self._buffer(n)[:n], prev=prev)
             return n
         except Error as e:
@@ -389,15 +396,9 @@ class KvtierWorker(OffloadingWorker):
                 if self._putting.get(key) is mine:
                     del self._putting[key]
 
-    def _after(self, prev: Optional[Key]) -> None:
-        """Waits until prev's entry is in the cache (or will not be)."""
-        with self._lock:
-            before = self._putting.get(prev) if prev is not None else None
-        if before is not None:
-            before.wait()
-
     def _store_in_place(self, key: Key, prev: Optional[Key], ids: List[int], after: Any,
-                        mine: threading.Event) -> Optional[int]:
+                        mine: threading.Event,
+                        before: Optional[threading.Event]) -> Optional[int]:
         """Stores the chunk straight into a block reserved for it in the
         cache's hottest tier (no copy); None where that cannot be done (a
         tier that cannot reserve, memory the device cannot write, no room)
@@ -407,7 +408,8 @@ class KvtierWorker(OffloadingWorker):
             self._reserving = False
             return None
         n = int(bound(len(ids)))
-        self._after(prev)
+        if before is not None:
+            before.wait()
         try:
             res = self.cache.reserve(key, n, prev=prev)
         except Error as e:

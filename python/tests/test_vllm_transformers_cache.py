@@ -145,3 +145,123 @@ def test_batches_are_refused(model) -> None:
     with pytest.raises(ValueError, match="one sequence"), torch.inference_mode():
         model(torch.zeros((2, 4), dtype=torch.long), past_key_values=cache, use_cache=True)
     cache.close()
+
+
+# --- review of issue 19 (branch review19): defects found, reproduced ----------------
+# Each is strict-xfail: it fails today and must pass (then drop the mark) with the fix.
+
+_STALE = "review19: defect reproduced, fix pending"
+
+
+@pytest.mark.xfail(strict=True, reason=_STALE)
+def test_a_chunk_refilled_after_crop_gets_the_new_tokens_kv(model) -> None:
+    # Assisted decoding: candidates are fed, the rejected ones cropped, others
+    # fed. Chunk 0 is offloaded with 2 candidates in it; after the crop it is
+    # refilled under the same salt key, put() keeps the old payload ("a key
+    # already held is not written again"), and get() installs the rejected
+    # candidates' K/V at positions 6 and 7.
+    a, cand, other, nxt = _ids(6), _ids(4, seed=2), _ids(4, seed=3), _ids(3, seed=4)
+
+    def run(cache):
+        with torch.inference_mode():
+            model(a, past_key_values=cache, use_cache=True)
+            model(cand, past_key_values=cache, use_cache=True)
+            cache.crop(-4)
+            model(other, past_key_values=cache, use_cache=True)
+            return model(nxt, past_key_values=cache, use_cache=True).logits
+
+    ref = run(transformers.DynamicCache(config=model.config))
+    cache = KvtierCache(model.config, "dram:16MiB", codec="raw", chunk_tokens=CHUNK)
+    assert torch.equal(run(cache), ref)
+    cache.close()
+
+
+@pytest.mark.xfail(strict=True, reason=_STALE)
+def test_prompt_lookup_generate_gives_the_same_tokens(model) -> None:
+    # The same defect through model.generate (prompt lookup crops the cache).
+    ids = _ids(5, seed=0).repeat(1, 3)
+    kw = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False, prompt_lookup_num_tokens=4)
+    with torch.inference_mode():
+        ref = model.generate(ids, past_key_values=transformers.DynamicCache(config=model.config),
+                             **kw)
+        cache = KvtierCache(model.config, "dram:16MiB", codec="raw", chunk_tokens=CHUNK)
+        got = model.generate(ids, past_key_values=cache, **kw)
+    assert torch.equal(got, ref)
+    cache.close()
+
+
+@pytest.mark.xfail(strict=True, reason=_STALE)
+def test_track_after_an_untracked_forward_never_keys_other_tokens_kv(model) -> None:
+    # track() starting after 4 untracked tokens: self.ids[0:8] are the tokens
+    # at positions 4..11 but key the K/V of positions 0..7; a restore of those
+    # tokens gets K/V that are not theirs (a shared tier is poisoned).
+    x = _ids(16, seed=7)
+    first = KvtierCache(model.config, "dram:16MiB", codec="raw", chunk_tokens=CHUNK)
+    with torch.inference_mode():
+        model(x[:, :4], past_key_values=first, use_cache=True)
+        try:
+            first.track(x[:, 4:])
+        except ValueError:
+            return  # a fix may refuse the misaligned track()
+        model(x[:, 4:], past_key_values=first, use_cache=True)
+    again = KvtierCache(model.config, first.tiers, codec="raw", chunk_tokens=CHUNK)
+    n = again.restore(x[:, 4:], dtype=torch.bfloat16)
+    dyn = transformers.DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(x[:, 4:4 + n], past_key_values=dyn, use_cache=True)
+    assert n == 0 or torch.equal(again.layers[0].keys, dyn.layers[0].keys)
+    first.close()
+
+
+@pytest.mark.xfail(strict=True, reason=_STALE)
+def test_reset_starts_the_offload_bookkeeping_again(model) -> None:
+    # reset() (inherited) drops the layers' K/V but keeps done, keys_ and ids:
+    # the next sequence's first chunks are never offloaded, and its later ones
+    # are keyed with the old sequence's tokens.
+    a, b = _ids(16, seed=8), _ids(24, seed=9)
+    cache = KvtierCache(model.config, "dram:16MiB", codec="raw", chunk_tokens=CHUNK)
+    with torch.inference_mode():
+        cache.track(a)
+        model(a, past_key_values=cache, use_cache=True)
+        cache.reset()
+        cache.track(b)
+        model(b, past_key_values=cache, use_cache=True)
+    assert cache.stored == 2 + 3 and cache.done == 24
+    again = KvtierCache(model.config, cache.tiers, codec="raw", chunk_tokens=CHUNK)
+    assert again.restore(torch.cat([a, b[:, :8]], 1)) == 16  # not 24: b[0:8] after a is unseen
+    cache.close()
+
+
+@pytest.mark.xfail(strict=True, reason=_STALE)
+def test_an_fp16_payload_in_shared_tiers_does_not_break_a_bf16_forward(model) -> None:
+    # The fingerprint says bf16 for every model (ModelDesc(dtype="bf16")), so an
+    # fp16 run's payloads sit under the keys a bf16 run computes; _offload's
+    # put is then a no-op, get returns the fp16 payload and _install's decode
+    # raises KVT_ESHAPE out of the model's forward (it is outside the try).
+    a = _ids(16, seed=8)
+    fp16 = KvtierCache(model.config, "dram:16MiB", codec="k16v8", chunk_tokens=CHUNK)
+    try:
+        with torch.inference_mode():
+            fp16.track(a)
+            model.to(torch.float16)(a, past_key_values=fp16, use_cache=True)
+    finally:
+        model.to(torch.bfloat16)  # the module's model
+    bf16 = KvtierCache(model.config, fp16.tiers, codec="k16v8", chunk_tokens=CHUNK)
+    bf16.track(a)
+    with torch.inference_mode():
+        model(a, past_key_values=bf16, use_cache=True)
+    fp16.close()
+
+
+@pytest.mark.xfail(strict=True, reason=_STALE)
+def test_quality_refuses_a_prefix_without_a_full_chunk(model) -> None:
+    # measure() with P < chunk sends nothing through the codec and reports
+    # int4 as perfect (B/elem 0, dNLL 0, top-1 1, KL 0).
+    import numpy as np
+
+    from kvtier import quality
+
+    toks = np.asarray(_ids(80)[0])
+    with pytest.raises((SystemExit, ValueError)):
+        quality.measure(model, toks, codecs=["int4"], prefixes=[20], score=8, windows=1,
+                        chunk=32, variants=["kv"], generate=0, dram="16MiB")

@@ -198,6 +198,17 @@ def measure(model: Any, tokens: np.ndarray, *, codecs: Sequence[str], prefixes: 
     from .cache import Cache
     from .keys import ModelDesc, fingerprint
 
+    if chunk <= 0 or score < 2:
+        raise ValueError(f"kvtier quality: chunk {chunk} and score {score}: a chunk needs tokens "
+                         "and a standard error two scored tokens")
+    short = [P for P in prefixes if P < chunk]
+    if short:
+        raise ValueError(f"kvtier quality: prefix {short[0]} is shorter than a chunk of {chunk}: "
+                         "nothing of it would go through the codec")
+    longest = max(prefixes) + score + 1
+    if longest > tokens.size:
+        raise ValueError(f"kvtier quality: the text has {tokens.size} tokens; prefix "
+                         f"{max(prefixes)} + {score} scored needs {longest}")
     cfg = model.config.get_text_config(decoder=True)
     dev = next(model.parameters()).device
     kv_heads = cfg.num_key_value_heads
@@ -206,9 +217,6 @@ def measure(model: Any, tokens: np.ndarray, *, codecs: Sequence[str], prefixes: 
     ref_nll: Dict[int, list] = {}
     for P in prefixes:
         need = P + score + 1
-        if need > tokens.size:
-            raise SystemExit(f"kvtier quality: the text has {tokens.size} tokens; prefix {P} + "
-                             f"{score} scored needs {need}")
         starts = np.linspace(0, tokens.size - need, windows).astype(int) if windows > 1 else [0]
         for w, st in enumerate(starts):
             ids = torch.as_tensor(tokens[st:st + need], dtype=torch.long, device=dev)[None]
@@ -360,8 +368,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--plot", help="write an SVG plot of dPPL against bytes per element")
     a = ap.parse_args(argv)
     variants = [v for v in a.variants.split(",") if v]
-    if any(v not in VARIANTS for v in variants):
+    if not variants or any(v not in VARIANTS for v in variants):
         ap.error(f"--variants: each of {', '.join(VARIANTS)}")
+    from .codec import CodecSpec
+    from .errors import Error
+
+    codecs = [c for c in a.codecs.split(",") if c]
+    for c in codecs:
+        try:
+            CodecSpec(c)
+        except Error as e:
+            ap.error(f"--codecs: {c!r}: {e}")
+    try:
+        prefixes = [int(x) for x in a.prefix.split(",") if x]
+    except ValueError:
+        ap.error(f"--prefix: {a.prefix!r} is not a list of token counts")
+    if not codecs or not prefixes:
+        ap.error("--codecs and --prefix need at least one entry each")
+    if a.chunk <= 0 or a.score < 2 or a.windows < 1 or a.generate < 0 or a.skip < 0:
+        ap.error("--chunk must be positive, --score at least 2, --windows at least 1, "
+                 "--generate and --skip not negative")
+    if min(prefixes) < a.chunk:
+        ap.error(f"--prefix {min(prefixes)} is shorter than a chunk (--chunk {a.chunk}): nothing "
+                 "of it would go through the codec")
+    if a.model and not os.path.exists(a.model):
+        ap.error(f"--model {a.model}: no such file or directory")
+    for t in a.text or []:
+        if not os.path.isfile(t):
+            ap.error(f"--text {t}: no such file")
     import torch
 
     if a.threads:
@@ -377,8 +411,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(p, encoding="utf-8", errors="replace") as f:
             ids.extend(tok(f.read(), add_special_tokens=False).input_ids)
     tokens = np.asarray(ids[a.skip:], dtype=np.int64)
-    prefixes = [int(x) for x in a.prefix.split(",") if x]
-    codecs = [c for c in a.codecs.split(",") if c]
+    if max(prefixes) + a.score + 1 > tokens.size:
+        ap.error(f"the text has {tokens.size} tokens after --skip {a.skip}; --prefix "
+                 f"{max(prefixes)} + --score {a.score} needs {max(prefixes) + a.score + 1}")
     rows, ppl = measure(model, tokens, codecs=codecs, prefixes=prefixes, score=a.score,
                         windows=a.windows, chunk=a.chunk, variants=variants,
                         generate=a.generate)

@@ -59,6 +59,9 @@ class _Layer(DynamicLayer):
         if key_states.shape[0] != 1:
             raise ValueError(f"kvtier: a KvtierCache holds one sequence; got a batch of "
                              f"{key_states.shape[0]}")
+        if key_states.requires_grad and torch.is_grad_enabled():
+            raise ValueError("kvtier: a KvtierCache rewrites past K/V in place; run the model "
+                             "under torch.no_grad() or torch.inference_mode()")
         keys, values = super().update(key_states, value_states, *args, **kwargs)
         if self.index == self.owner.num_layers - 1 and self.owner._due():
             # This call's tokens attend to the K/V they were computed with (as
@@ -89,7 +92,7 @@ class KvtierCache(Cache):
 
     def __init__(self, config: Any, tiers: Union[str, TierCache] = "dram:1GiB", *,
                  codec: str = "k16v8", chunk_tokens: int = 256,
-                 model_id: Optional[str] = None) -> None:
+                 model_id: Optional[str] = None, dtype: Optional[str] = None) -> None:
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") \
             else config
         self.num_layers = int(text.num_hidden_layers)
@@ -101,14 +104,17 @@ class KvtierCache(Cache):
             raise ValueError(f"kvtier: chunk_tokens must be positive, not {chunk_tokens}")
         self.codec = codec
         self.chunk_tokens = int(chunk_tokens)
-        name = model_id or getattr(config, "name_or_path", "") or type(config).__name__
-        self.model = ModelDesc(str(name), layers=self.num_layers, kv_heads=self.kv_heads,
-                               head_dim=self.head_dim, dtype="bf16")
-        self.fingerprint = fingerprint(self.model, codec)
+        if dtype not in (None, "bf16", "fp16"):
+            raise ValueError(f"kvtier: dtype {dtype!r}: the codec reads bf16 or fp16")
+        self.name = str(model_id or getattr(config, "name_or_path", "") or type(config).__name__)
+        self.dtype = dtype  # the payloads' 16-bit type: None = the model's (fp16, else bf16)
+        self.config_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        self._fingerprints: dict = {}
         self.own_tiers = isinstance(tiers, str)
-        self.tiers = TierCache(tiers, fingerprint=self.fingerprint,
-                               chunk_tokens=self.chunk_tokens) if isinstance(tiers, str) \
-            else tiers
+        # Payloads are checked against the fingerprint at decode, so the tiers
+        # need none: fp16 and bf16 runs keep apart by their keys.
+        self.tiers = TierCache(tiers, chunk_tokens=self.chunk_tokens) \
+            if isinstance(tiers, str) else tiers
         self.done = 0  # tokens in full chunks offloaded (all layers)
         self.keys_: List[Key] = []  # the key of each offloaded chunk
         self.ids: List[int] = []  # tokens given to track()
@@ -123,6 +129,9 @@ class KvtierCache(Cache):
     def track(self, input_ids: Any) -> None:
         """Records the token ids a forward is about to feed (a [1, T] tensor,
         array or list), so chunk keys chain the real tokens."""
+        if len(self.ids) != self.get_seq_length():
+            raise ValueError(f"kvtier: track() the ids of every forward from the first on: "
+                             f"{len(self.ids)} tokens tracked, {self.get_seq_length()} cached")
         ids = np.asarray(input_ids.cpu() if isinstance(input_ids, torch.Tensor) else input_ids)
         if ids.ndim == 2:
             if ids.shape[0] != 1:
@@ -130,19 +139,33 @@ class KvtierCache(Cache):
             ids = ids[0]
         self.ids.extend(int(t) for t in ids.reshape(-1))
 
-    def _key(self, chunk: int) -> Key:
+    def fingerprint(self, dt: torch.dtype) -> Key:
+        """The model fingerprint of payloads of 16-bit type dt."""
+        fp = self._fingerprints.get(dt)
+        if fp is None:
+            model = ModelDesc(self.name, layers=self.num_layers, kv_heads=self.kv_heads,
+                              head_dim=self.head_dim,
+                              dtype="fp16" if dt == torch.float16 else "bf16")
+            fp = self._fingerprints[dt] = fingerprint(model, self.codec)
+        return fp
+
+    def _key(self, chunk: int, dt: torch.dtype) -> Key:
         """The key of chunk `chunk` (chained to the one before it)."""
         prev = self.keys_[chunk - 1] if chunk else None
         c = self.chunk_tokens
         if len(self.ids) >= (chunk + 1) * c:
-            return chunk_key(self.fingerprint, self.ids[chunk * c:(chunk + 1) * c], prev)
+            return chunk_key(self.fingerprint(dt), self.ids[chunk * c:(chunk + 1) * c], prev)
         # No tokens tracked: chain this object's salt, private to it.
         return chunk_key(self.salt, np.arange(chunk * c, (chunk + 1) * c, dtype=np.uint32), prev)
 
     # --- offload -------------------------------------------------------------------
 
-    def _codec_dtype(self, like: torch.Tensor) -> torch.dtype:
-        return torch.float16 if like.dtype == torch.float16 else torch.bfloat16
+    def _codec_dtype(self, like: Any) -> torch.dtype:
+        """The payloads' 16-bit type for K/V of dtype like."""
+        if self.dtype is not None:
+            return torch.float16 if self.dtype == "fp16" else torch.bfloat16
+        dt = like if isinstance(like, torch.dtype) else like.dtype
+        return torch.float16 if dt == torch.float16 else torch.bfloat16
 
     def _due(self) -> bool:
         """Whether every layer holds a full chunk beyond `done`."""
@@ -165,16 +188,18 @@ class KvtierCache(Cache):
         dt = self._codec_dtype(layers[0].keys)
         # [layers, tokens, heads, head_dim] in the codec's dtype, head_dim contiguous.
         k = torch.stack([lay.keys[0, :, start:start + c, :].transpose(0, 1) for lay in layers]
-                        ).to(dt).contiguous()
+                        ).to(device="cpu", dtype=dt).contiguous()
         v = torch.stack([lay.values[0, :, start:start + c, :].transpose(0, 1) for lay in layers]
-                        ).to(dt).contiguous()
-        key = self._key(chunk)
+                        ).to(device="cpu", dtype=dt).contiguous()
+        key = self._key(chunk, dt)
         self.keys_.append(key)
         payload = encode(k, v, self.codec, dtype="bf16" if dt == torch.bfloat16 else "fp16",
-                         key=key, fingerprint=self.fingerprint, token_begin=start)
+                         key=key, fingerprint=self.fingerprint(dt), token_begin=start)
         try:
             self.tiers.put(key, payload, prev=self.keys_[chunk - 1] if chunk else None)
             back = self.tiers.get(key)
+            if back is not None:
+                self._install(back, start, key, dt)
         except Error as e:
             log.warning("kvtier: chunk %d (%s) kept exact: %s", chunk, key, e)
             self.misses += 1
@@ -184,44 +209,54 @@ class KvtierCache(Cache):
             self.misses += 1
             return
         self.stored += 1
-        self._install(back, start, key)
 
-    def _install(self, payload: bytes, start: int, key: Key) -> None:
-        """Decodes payload (checked: key, fingerprint, checksums) into every
-        layer's tokens [start, start + chunk)."""
+    def _install(self, payload: bytes, start: int, key: Key, dt: torch.dtype) -> None:
+        """Decodes payload (checked: key, fingerprint, shape, checksums:
+        raises before writing anything) into every layer's tokens
+        [start, start + chunk)."""
         layers: List[_Layer] = self.layers  # type: ignore[assignment]
         c = self.chunk_tokens
-        dt = self._codec_dtype(layers[0].keys)
         k = torch.empty((self.num_layers, c, self.kv_heads, self.head_dim), dtype=dt)
         v = torch.empty_like(k)
-        decode(payload, k, v, expect_key=key, expect_fingerprint=self.fingerprint)
+        decode(payload, k, v, expect_key=key, expect_fingerprint=self.fingerprint(dt))
         for i, lay in enumerate(layers):
-            lay.keys[0, :, start:start + c, :] = k[i].transpose(0, 1).to(lay.keys.dtype)
-            lay.values[0, :, start:start + c, :] = v[i].transpose(0, 1).to(lay.values.dtype)
+            lay.keys[0, :, start:start + c, :] = k[i].transpose(0, 1).to(lay.keys)
+            lay.values[0, :, start:start + c, :] = v[i].transpose(0, 1).to(lay.values)
 
     def _cropped(self, length: int) -> None:
         """A layer was cropped to length tokens: chunks past it are forgotten
         here (their payloads stay in the tiers)."""
+        del self.ids[length:]  # tracked tokens past the cache are gone too
         keep = min(self.done, length // self.chunk_tokens * self.chunk_tokens)
         if keep < self.done:
             self.done = keep
             del self.keys_[keep // self.chunk_tokens:]
+            # Untracked keys are positions under the salt: the refilled chunk
+            # holds other tokens, so it needs other keys.
+            self.salt = Key(os.urandom(16))
 
     # --- restore -------------------------------------------------------------------
 
-    def restore(self, input_ids: Any, *, dtype: torch.dtype = torch.float32,
+    def restore(self, input_ids: Any, *, dtype: Optional[torch.dtype] = None,
                 device: Any = "cpu") -> int:
         """For an empty cache: loads the longest cached prefix of input_ids
-        (whole chunks, keys chained from the tokens) from the tiers into the
-        layers and tracks those tokens; returns how many tokens it restored.
-        Feed the model input_ids[:, restored:] next. A payload that fails its
-        checks ends the prefix there (it is a miss, never wrong K/V)."""
+        (whole chunks, keys chained from the tokens; at least one token is
+        left to feed) from the tiers into the layers, as tensors of dtype
+        (default: the config's, else float32) on device, and tracks those
+        tokens; returns how many tokens it restored. Feed the model
+        input_ids[:, restored:] next. A payload that fails its checks ends
+        the prefix there (it is a miss, never wrong K/V)."""
         if self.get_seq_length() or self.ids:
             raise ValueError("kvtier: restore() needs an empty KvtierCache")
+        if dtype is None:
+            dtype = self.config_dtype if isinstance(self.config_dtype, torch.dtype) \
+                else torch.float32
+        dt = self._codec_dtype(dtype)
         ids = np.asarray(input_ids.cpu() if isinstance(input_ids, torch.Tensor) else input_ids)
         ids = ids.reshape(-1)
         c = self.chunk_tokens
-        n_chunks = self.tiers.lookup_keys(self._keys_of(ids)) if ids.size >= c else 0
+        usable = ids[:max(0, ids.size - 1)]  # one token is left for the model to feed
+        n_chunks = self.tiers.lookup_keys(self._keys_of(usable, dt)) if usable.size >= c else 0
         if n_chunks == 0:
             return 0
         layers: List[_Layer] = self.layers  # type: ignore[assignment]
@@ -231,14 +266,14 @@ class KvtierCache(Cache):
             lay.keys = torch.zeros(shape, dtype=dtype, device=device)
             lay.values = torch.zeros(shape, dtype=dtype, device=device)
             lay.is_initialized = True
-        keys = self._keys_of(ids[:n_chunks * c])
+        keys = self._keys_of(ids[:n_chunks * c], dt)
         got = 0
         for i, key in enumerate(keys):
             try:
                 payload = self.tiers.get(key)
                 if payload is None:
                     break
-                self._install(payload, i * c, key)
+                self._install(payload, i * c, key, dt)
             except Error as e:
                 log.warning("kvtier: restore stops at chunk %d (%s): %s", i, key, e)
                 break
@@ -252,10 +287,18 @@ class KvtierCache(Cache):
         self.hits += got
         return got * c
 
-    def _keys_of(self, ids: np.ndarray) -> List[Key]:
+    def _keys_of(self, ids: np.ndarray, dt: torch.dtype) -> List[Key]:
         from .keys import chunk_keys
 
-        return chunk_keys(self.fingerprint, ids.astype(np.uint32), self.chunk_tokens)
+        return chunk_keys(self.fingerprint(dt), ids.astype(np.uint32), self.chunk_tokens)
+
+    def reset(self) -> None:
+        """Empties the cache for a new sequence (payloads stay in the tiers)."""
+        super().reset()
+        self.done = 0
+        self.keys_ = []
+        self.ids = []
+        self.salt = Key(os.urandom(16))
 
     # --- lifetime ------------------------------------------------------------------
 
@@ -274,5 +317,5 @@ class KvtierCache(Cache):
         return False
 
     def __repr__(self) -> str:
-        return (f"KvtierCache({self.model.model_id!r}, codec={self.codec!r}, "
+        return (f"KvtierCache({self.name!r}, codec={self.codec!r}, "
                 f"chunk_tokens={self.chunk_tokens}, offloaded={self.done} tokens)")

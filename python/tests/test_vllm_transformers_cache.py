@@ -147,13 +147,9 @@ def test_batches_are_refused(model) -> None:
     cache.close()
 
 
-# --- review of issue 19 (branch review19): defects found, reproduced ----------------
-# Each is strict-xfail: it fails today and must pass (then drop the mark) with the fix.
-
-_STALE = "review19: defect reproduced, fix pending"
+# --- from the issue-19 review: each of these failed at ee8b2a6 ---------------------
 
 
-@pytest.mark.xfail(strict=True, reason=_STALE)
 def test_a_chunk_refilled_after_crop_gets_the_new_tokens_kv(model) -> None:
     # Assisted decoding: candidates are fed, the rejected ones cropped, others
     # fed. Chunk 0 is offloaded with 2 candidates in it; after the crop it is
@@ -176,7 +172,6 @@ def test_a_chunk_refilled_after_crop_gets_the_new_tokens_kv(model) -> None:
     cache.close()
 
 
-@pytest.mark.xfail(strict=True, reason=_STALE)
 def test_prompt_lookup_generate_gives_the_same_tokens(model) -> None:
     # The same defect through model.generate (prompt lookup crops the cache).
     ids = _ids(5, seed=0).repeat(1, 3)
@@ -190,7 +185,6 @@ def test_prompt_lookup_generate_gives_the_same_tokens(model) -> None:
     cache.close()
 
 
-@pytest.mark.xfail(strict=True, reason=_STALE)
 def test_track_after_an_untracked_forward_never_keys_other_tokens_kv(model) -> None:
     # track() starting after 4 untracked tokens: self.ids[0:8] are the tokens
     # at positions 4..11 but key the K/V of positions 0..7; a restore of those
@@ -213,7 +207,6 @@ def test_track_after_an_untracked_forward_never_keys_other_tokens_kv(model) -> N
     first.close()
 
 
-@pytest.mark.xfail(strict=True, reason=_STALE)
 def test_reset_starts_the_offload_bookkeeping_again(model) -> None:
     # reset() (inherited) drops the layers' K/V but keeps done, keys_ and ids:
     # the next sequence's first chunks are never offloaded, and its later ones
@@ -232,7 +225,6 @@ def test_reset_starts_the_offload_bookkeeping_again(model) -> None:
     cache.close()
 
 
-@pytest.mark.xfail(strict=True, reason=_STALE)
 def test_an_fp16_payload_in_shared_tiers_does_not_break_a_bf16_forward(model) -> None:
     # The fingerprint says bf16 for every model (ModelDesc(dtype="bf16")), so an
     # fp16 run's payloads sit under the keys a bf16 run computes; _offload's
@@ -253,7 +245,6 @@ def test_an_fp16_payload_in_shared_tiers_does_not_break_a_bf16_forward(model) ->
     fp16.close()
 
 
-@pytest.mark.xfail(strict=True, reason=_STALE)
 def test_quality_refuses_a_prefix_without_a_full_chunk(model) -> None:
     # measure() with P < chunk sends nothing through the codec and reports
     # int4 as perfect (B/elem 0, dNLL 0, top-1 1, KL 0).
@@ -265,3 +256,27 @@ def test_quality_refuses_a_prefix_without_a_full_chunk(model) -> None:
     with pytest.raises((SystemExit, ValueError)):
         quality.measure(model, toks, codecs=["int4"], prefixes=[20], score=8, windows=1,
                         chunk=32, variants=["kv"], generate=0, dram="16MiB")
+
+
+def test_a_forward_that_builds_a_graph_is_refused(model) -> None:
+    # The cache rewrites past K/V in place, which autograd cannot follow.
+    cache = KvtierCache(model.config, "dram:16MiB", chunk_tokens=CHUNK)
+    with pytest.raises(ValueError, match="no_grad"):
+        model(_ids(4), past_key_values=cache, use_cache=True)
+    cache.close()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--codecs", "nope"], "--codecs"),
+    (["--chunk", "0"], "--chunk"),
+    (["--score", "1"], "--score"),
+    (["--prefix", "100", "--chunk", "256"], "shorter than a chunk"),
+    (["--model", "/nonexistent/model.gguf"], "no such file"),
+    (["--variants", "kx"], "--variants"),
+])
+def test_quality_refuses_bad_options_before_loading_a_model(argv, says, capsys) -> None:
+    from kvtier import quality
+
+    with pytest.raises(SystemExit) as e:
+        quality.main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err

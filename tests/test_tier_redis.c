@@ -531,12 +531,8 @@ static void test_the_password_is_shown_as_stars_and_never_in_details_or_cli_outp
   for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
     snprintf(cmd, sizeof(cmd), "%s store --tiers 'redis://:%s@127.0.0.1:%d?ns=sec%s' %s 2>&1", cli,
              runs[i].pw, s->port, runs[i].opt, runs[i].sub);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
     char out[8192];
-    const size_t n = fread(out, 1, sizeof(out) - 1, p);
-    out[n] = '\0';
-    const int status = pclose(p);
+    const int status = rfx_shell(cmd, out, sizeof(out));
     if (strstr(out, "Pw-") || (i < 3 && !strstr(out, want)) || (i == 4 && !strstr(out, "***")))
       fail_msg("%s: status %d:\n%s", cmd, status, out);
   }
@@ -828,12 +824,8 @@ static void test_bench_redis_cli_runs_against_the_fixture_server(void **state) {
            "%s bench redis --url redis://127.0.0.1:%d --size 64KiB --clients 2 --pipeline 2 "
            "--requests 50 --reps 1 2>&1",
            cli, srv.port);
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
   char out[8192];
-  const size_t n = fread(out, 1, sizeof(out) - 1, p);
-  out[n] = '\0';
-  const int status = pclose(p);
+  const int status = rfx_shell(cmd, out, sizeof(out));
   if (status != 0 || !strstr(out, "tier PUT") || !strstr(out, "tier GET"))
     fail_msg("kvtier bench redis: status %d:\n%s", status, out);
 }
@@ -856,12 +848,8 @@ static void test_bench_redis_cli_never_prints_the_password(void **state) {
            "%s bench redis --url redis://:Pw-S3cret@127.0.0.1:%d --size 4KiB --clients 1 "
            "--pipeline 1 --requests 20 --reps 1 2>&1",
            cli, s->port);
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
   char out[8192];
-  const size_t n = fread(out, 1, sizeof(out) - 1, p);
-  out[n] = '\0';
-  const int status = pclose(p);
+  const int status = rfx_shell(cmd, out, sizeof(out));
   rfx_stop(s);
   if (status != 0 || !strstr(out, "tier PUT") || strstr(out, "S3cret") || !strstr(out, "***"))
     fail_msg("kvtier bench redis: status %d:\n%s", status, out);

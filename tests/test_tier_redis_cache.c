@@ -245,12 +245,8 @@ static void test_demo_pd_through_redis_is_byte_identical(void **state) {
            "%s demo --pd --remote 'redis://127.0.0.1:%d?ns=pd-test' --layers 2 --tokens 512 "
            "--heads 2 --head-dim 64 --chunk-tokens 128 2>&1",
            cli, srv.port);
-  FILE *f = popen(cmd, "r");
-  assert_non_null(f);
   char out[8192];
-  const size_t n = fread(out, 1, sizeof(out) - 1, f);
-  out[n] = '\0';
-  const int st = pclose(f);
+  const int st = rfx_shell(cmd, out, sizeof(out));
   if (st != 0 || !strstr(out, "4 of 4 payloads byte-identical"))
     fail_msg("demo --pd exited %d:\n%s", st, out);
   /* It deletes what it put in a --remote tier. */

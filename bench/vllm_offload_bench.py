@@ -95,8 +95,9 @@ def pagecopy_lib(path: Optional[str]) -> Optional[ctypes.CDLL]:
     return lib
 
 
-def main(argv: Sequence[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_shape_args(ap: argparse.ArgumentParser) -> None:
+    """The context, cache layout, codecs and repetitions of the vLLM offload
+    benchmarks (this one and vllm_worker_bench.py)."""
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--heads", type=int, default=8)
@@ -106,6 +107,11 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--layout", default="LBNHC", choices=vllm_layout.ORDERS)
     ap.add_argument("--codecs", default="raw,k16v8,fp8,int4")
     ap.add_argument("--iters", type=int, default=5)
+
+
+def main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_shape_args(ap)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--pagecopy-lib", help="a built bench/vllm_offload_pagecopy.cu "
                     "(default: build it with nvcc)")

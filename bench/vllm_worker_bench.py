@@ -147,15 +147,7 @@ def parse_handle(lines: Sequence[str]) -> Tuple[Dict[str, float], Dict[str, Dict
 
 def main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=32768)
-    ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--chunk-tokens", type=int, default=256)
-    ap.add_argument("--layout", default="LBNHC", choices=vllm_layout.ORDERS)
-    ap.add_argument("--codecs", default="raw,k16v8,fp8,int4")
-    ap.add_argument("--iters", type=int, default=5)
+    handle_bench.add_shape_args(ap)
     ap.add_argument("--store-job-tokens", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=8, help="threads of the handle bench's "
                     "store_many/load_many")

@@ -119,6 +119,8 @@ class Row:
     top1: float
     kl: float
     diverge: List[int] = field(default_factory=list)  # first greedy divergence per window
+    window_dnll: List[float] = field(default_factory=list)  # mean dNLL of each window
+    dnll_se_win: float = float("nan")  # SE from the window means (nan under 2 windows)
 
 
 def _kv_lists(cache: Any) -> Tuple[List[Any], List[Any]]:
@@ -266,10 +268,14 @@ def measure(model: Any, tokens: np.ndarray, *, codecs: Sequence[str], prefixes: 
         n = d.size
         mean = float(d.mean())
         se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+        # Neighbouring tokens are correlated, so the token SE understates the
+        # spread; the spread of the window means does not assume independence.
+        wm = [float(np.mean(x, dtype=np.float64)) for x in a["d"]]
+        sew = float(np.std(wm, ddof=1) / math.sqrt(len(wm))) if len(wm) > 1 else float("nan")
         rows.append(Row(codec, var, P, float(np.mean(a["bpe"])), n, mean, se,
                         100.0 * (math.exp(mean) - 1.0),
                         float(np.concatenate(a["top1"]).mean()),
-                        float(np.concatenate(a["kl"]).mean()), list(a["div"])))
+                        float(np.concatenate(a["kl"]).mean()), list(a["div"]), wm, sew))
     ppl = {P: float(math.exp(np.concatenate(v).astype(np.float64).mean()))
            for P, v in ref_nll.items()}
     return rows, ppl
@@ -278,29 +284,38 @@ def measure(model: Any, tokens: np.ndarray, *, codecs: Sequence[str], prefixes: 
 # --- output ------------------------------------------------------------------------
 
 
+def _json_row(r: Row) -> Dict[str, Any]:
+    """asdict(r) with NaN (an SE of one token or window) as null: JSON has no NaN."""
+    return {k: (None if isinstance(v, float) and v != v else v) for k, v in asdict(r).items()}
+
+
 def table(rows: Sequence[Row], ppl: Dict[int, float]) -> str:
     out = [f"{'codec':<8} {'var':<3} {'prefix':>6} {'B/elem':>6} {'tokens':>6} "
-           f"{'dNLL':>9} {'+-SE':>8} {'dPPL%':>7} {'top1':>6} {'KL':>9} {'diverge':>8}"]
+           f"{'dNLL':>9} {'+-SE':>8} {'+-SEw':>8} {'dPPL%':>7} {'top1':>6} {'KL':>9} "
+           f"{'diverge':>8}"]
     for P in sorted(ppl):
         out.append(f"# prefix {P}: exact perplexity {ppl[P]:.3f}")
         for r in sorted((r for r in rows if r.prefix == P), key=lambda r: (r.codec, r.variant)):
             div = int(np.median(r.diverge)) if r.diverge else -1
             out.append(f"{r.codec:<8} {r.variant:<3} {r.prefix:>6} {r.bytes_per_elem:6.3f} "
-                       f"{r.tokens:>6} {r.dnll:+9.5f} {r.dnll_se:8.5f} {r.dppl_pct:+7.3f} "
+                       f"{r.tokens:>6} {r.dnll:+9.5f} {r.dnll_se:8.5f} {r.dnll_se_win:8.5f} "
+                       f"{r.dppl_pct:+7.3f} "
                        f"{r.top1:6.4f} {r.kl:9.2e} {div:>8}")
     return "\n".join(out)
 
 
 def svg_plot(rows: Sequence[Row], path: str) -> None:
     """dPPL % against bytes per K/V element, one point per codec and prefix
-    (variant kv), error bars of +-1 SE."""
+    (variant kv), error bars of +-1 SE (the larger of the token and the
+    window-mean SE)."""
     pts = [r for r in rows if r.variant == "kv"]
     if not pts:
         return
     W, H, m = 640, 420, 60
     xs = [r.bytes_per_elem for r in pts]
     ys = [r.dppl_pct for r in pts]
-    es = [100.0 * r.dnll_se for r in pts]
+    es = [100.0 * max(r.dnll_se, r.dnll_se_win if r.dnll_se_win == r.dnll_se_win else 0.0)
+          for r in pts]
     x0, x1 = 0.0, max(xs) * 1.1 or 1.0
     y0, y1 = min(0.0, min(y - e for y, e in zip(ys, es))), max(0.1, max(y + e for y, e in
                                                                     zip(ys, es)))
@@ -427,7 +442,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(a.json, "w") as f:
             json.dump(dict(model=model_name, texts=texts, tokens=int(tokens.size),
                            settings=dict(vars(a)), exact_ppl=ppl,
-                           rows=[asdict(r) for r in rows]), f, indent=1)
+                           rows=[_json_row(r) for r in rows]), f, indent=1)
     if a.plot:
         svg_plot(rows, a.plot)
     return 0

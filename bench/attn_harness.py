@@ -1,28 +1,32 @@
 #!/usr/bin/env python3
 """bench/attn_harness.py - measurement only: kvtier's decode attention over
-compressed paged caches (kvtier/attn.h, through ctypes) against
-torch.nn.functional.scaled_dot_product_attention on bf16 K/V of the same
-sequences, gathered dense (the like-for-like baseline), and FlashInfer's
-paged decode (tensor-core and CUDA-core paths; a bf16 cache, and an e4m3
-cache with one scale per tensor, as FlashInfer's FP8 cache has) when it is
-importable (on a machine without network: docs/ATTENTION.md, "Against FlashInfer").
+compressed paged caches (kvtier/attn.h, through ctypes) against every bf16
+decode the machine has, in the same run: torch SDPA's flash, cuDNN and
+memory-efficient backends on bf16 K/V of the same sequences gathered dense,
+each called with GQA folded into the query rows and with enable_gqa=True, and
+FlashInfer's paged decode (tensor-core and CUDA-core paths; a bf16 cache, and
+an e4m3 cache with one scale per tensor, as FlashInfer's FP8 cache has) when
+it is importable (on a machine without network: docs/ATTENTION.md, "Against
+FlashInfer"). Speed-ups are against the fastest bf16 decode of each shape.
 Same data, same run, CUDA events, the L2 cache flushed before every timed
 iteration, medians.
 
   python3 bench/attn_harness.py --lib build-attn/libkvtier.so [--quick] [--iters N]
 
 Shapes: Llama-3.1-8B attention (32 q heads, 8 kv heads, dim 128), batch x
-context 32 x 8K and 8 x 32K, plus smaller ones. For every shape it prints,
-per kvtier format (raw = our bf16 kernel, k16v8, fp8, int4): time, KV bytes
-read per second, the ratio to torch's device-to-device copy bandwidth
-(read + write) measured in the same run, the speed-up over SDPA, and the
-median relative error against SDPA's output.
+context 32 x 8K, 8 x 32K and 8 x 128K, plus smaller ones. For every shape it
+prints each baseline's time, then per kvtier format (raw = our bf16 kernel,
+k16v8, fp8, int4): time, KV bytes read per second, the ratio to torch's
+device-to-device copy bandwidth (read + write) measured in the same run, the
+speed-up over the fastest bf16 decode, and the median relative error against
+the first SDPA backend's output; a summary table at the end.
 """
 import argparse
 import ctypes
 import math
 import statistics
 import sys
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -131,25 +135,40 @@ def med_rel(o, ref):
     return ((o - ref).abs() / (ref.abs() + 1e-6)).median().item()
 
 
-def sdpa_fn(q4, kd, vd, scale):
-    """SDPA with the fastest backend that accepts the inputs."""
+def sdpa_fns(q, kd, vd, scale):
+    """Every torch SDPA backend that runs this decode on bf16 K/V, each in
+    the two ways a user can call it: GQA folded into the query axis
+    (q [B, H, G, D] against K/V [B, H, T, D]: each KV head's G query heads as
+    G query rows, no K/V repeat) and enable_gqa=True (q [B, HQ, 1, D]).
+    Returns ([(label, fn)], reason): what failed is named in reason."""
+    B, HQ, D = q.shape
+    H = kd.shape[1]
+    G = HQ // H
+    forms = [("gqa-rows", q.view(B, H, G, D), {}),
+             ("enable_gqa", q.view(B, HQ, 1, D), {"enable_gqa": True})]
+    out, why = [], []
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-            try:
-                with sdpa_kernel(backend):
-                    F.scaled_dot_product_attention(q4, kd, vd, scale=scale)
-                torch.cuda.synchronize()
-
-                def run(backend=backend):
-                    with sdpa_kernel(backend):
-                        return F.scaled_dot_product_attention(q4, kd, vd, scale=scale)
-                return run, str(backend).split(".")[-1]
-            except RuntimeError:
-                continue
     except ImportError:
-        pass
-    return (lambda: F.scaled_dot_product_attention(q4, kd, vd, scale=scale)), "default"
+        return [("sdpa-default", lambda: F.scaled_dot_product_attention(
+            forms[0][1], kd, vd, scale=scale).reshape(B, HQ, D))], "no torch.nn.attention"
+    backends = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    for bname, backend in backends:
+        for fname, qq, kw in forms:
+            label = "sdpa-%s/%s" % (bname, fname)
+
+            def run(backend=backend, qq=qq, kw=kw):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qq, kd, vd, scale=scale,
+                                                          **kw).reshape(B, HQ, D)
+            try:
+                run()
+                torch.cuda.synchronize()
+                out.append((label, run))
+            except (RuntimeError, TypeError) as e:
+                why.append("%s: %s" % (label, str(e).splitlines()[0][:80]))
+    return out, "; ".join(why)
 
 
 def flashinfer_fns(q, kd, vd, table, bs, scale, ref):
@@ -192,7 +211,8 @@ def flashinfer_fns(q, kd, vd, table, bs, scale, ref):
                 kq = (k8.float() * ks).to(torch.bfloat16)
                 vq = (v8.float() * vs).to(torch.bfloat16)
                 del k8, v8
-                own = sdpa_fn(q.view(B, H, G, D), kq, vq, scale)[0]().reshape(q.shape)
+                own = F.scaled_dot_product_attention(q.view(B, H, G, D), kq, vq,
+                                                     scale=scale).reshape(q.shape)
                 del kq, vq
         except Exception as e:
             why.append("fi-%s cache failed: %s" % (name, str(e).splitlines()[0][:120]))
@@ -267,26 +287,45 @@ def run_shape(kv, timer, B, T, copy_bw, args):
     pos = torch.arange(T, device="cuda")
     slots = (table.long()[:, pos // bs] * bs + (pos % bs)[None, :]).reshape(-1).contiguous()
 
-    q4 = q.view(B, H, G, D)
-    sdpa, backend = sdpa_fn(q4, kd, vd, scale)
-    ref = sdpa().reshape(B, HQ, D)
-    t_sdpa = timer(sdpa)
+    sdpas, why_s = sdpa_fns(q, kd, vd, scale)
+    if not sdpas:
+        raise RuntimeError("no torch SDPA backend runs this shape: " + why_s)
+    ref = sdpas[0][1]()  # the first backend that runs (flash): the reference for errors
+    ref_label = sdpas[0][0]
     kv_bf16 = 2 * B * T * H * D * 2
-    print("%3d x %6d  sdpa(%s) %9.1f us  %8.1f GB/s  %5.2f of copy" %
-          (B, T, backend, t_sdpa * 1e3, kv_bf16 / t_sdpa / 1e6, kv_bf16 / t_sdpa / 1e6 / copy_bw))
+    base = []  # (label, ms): every bf16 decode of this run; the fastest is the baseline
+    for label, fn in sdpas:
+        err = med_rel(fn(), ref)
+        t = timer(fn)
+        base.append((label, t))
+        print("%3d x %6d  %-24s %9.1f us  %8.1f GB/s  %5.2f of copy  median rel err vs %s %.4f"
+              % (B, T, label, t * 1e3, kv_bf16 / t / 1e6, kv_bf16 / t / 1e6 / copy_bw,
+                 ref_label, err))
+        sys.stdout.flush()
+    if why_s:
+        print("            (%s)" % why_s)
     fis, why = flashinfer_fns(q, kd, vd, table, bs, scale, ref)
+    fi_rows = []
     fn = None
     for label, fn, nbytes, max_err in fis:
         err = med_rel(fn().reshape(B, HQ, D), ref)
         t_fi = timer(fn)
-        print("%3d x %6d  %-6s %9.1f us  %8.1f GB/s  %5.2f of copy  %5.2fx sdpa  "
-              "median rel err vs sdpa %.4f  max err vs its own cache %.4f%s" %
-              (B, T, label, t_fi * 1e3, nbytes / t_fi / 1e6, nbytes / t_fi / 1e6 / copy_bw,
-               t_sdpa / t_fi, err, max_err, "  (OVER 0.02: check)" if max_err > 0.02 else ""))
+        if label.startswith("fi-bf16"):
+            base.append((label, t_fi))
+        fi_rows.append((label, t_fi, nbytes, err, max_err))
         sys.stdout.flush()
     del fis, fn
+    best_label, t_best = min(base, key=lambda x: x[1])
+    for label, t_fi, nbytes, err, max_err in fi_rows:
+        print("%3d x %6d  %-24s %9.1f us  %8.1f GB/s  %5.2f of copy  %5.2fx fastest  "
+              "median rel err vs %s %.4f  max err vs its own cache %.4f%s" %
+              (B, T, label, t_fi * 1e3, nbytes / t_fi / 1e6, nbytes / t_fi / 1e6 / copy_bw,
+               t_best / t_fi, ref_label, err, max_err,
+               "  (OVER 0.02: check)" if max_err > 0.02 else ""))
     if why:
         print("            (%s)" % why)
+    print("%3d x %6d  fastest bf16 decode of this run: %s, %.1f us (%.2f of copy)" %
+          (B, T, best_label, t_best * 1e3, kv_bf16 / t_best / 1e6 / copy_bw))
     out = torch.empty(B, HQ, D, dtype=torch.bfloat16, device="cuda")
     ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     rows = []
@@ -308,18 +347,18 @@ def run_shape(kv, timer, B, T, copy_bw, args):
             torch.cuda.synchronize()
             err = med_rel(out, ref)
             t = timer(ours)
-            rows.append((FMT_NAMES[fmt], t, nbytes, err))
-            print("%3d x %6d  %-6s %9.1f us  %8.1f GB/s  %5.2f of copy  %5.2fx sdpa  "
-                  "median rel err vs sdpa %.4f" %
-                  (B, T, FMT_NAMES[fmt], t * 1e3, nbytes / t / 1e6, nbytes / t / 1e6 / copy_bw,
-                   t_sdpa / t, err))
+            rows.append((FMT_NAMES[fmt], t, nbytes, err, t_best / t))
+            print("%3d x %6d  %-24s %9.1f us  %8.1f GB/s  %5.2f of copy  %5.2fx fastest  "
+                  "median rel err vs %s %.4f" %
+                  (B, T, "kvtier-" + FMT_NAMES[fmt], t * 1e3, nbytes / t / 1e6,
+                   nbytes / t / 1e6 / copy_bw, t_best / t, ref_label, err))
             del bufs
         except Exception as e:  # report and go on with the next format
-            print("%3d x %6d  %-6s FAILED: %s" % (B, T, FMT_NAMES[fmt], e))
+            print("%3d x %6d  %-24s FAILED: %s" % (B, T, "kvtier-" + FMT_NAMES[fmt], e))
         sys.stdout.flush()
     del kd, vd
     torch.cuda.empty_cache()
-    return rows
+    return best_label, rows
 
 
 def main():
@@ -327,11 +366,15 @@ def main():
     ap.add_argument("--lib", required=True, help="path to libkvtier.so (built with CUDA)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--quick", action="store_true", help="only 32 x 8K and 8 x 32K")
+    ap.add_argument("--quick", action="store_true", help="only 32 x 8K, 8 x 32K and 8 x 128K")
+    ap.add_argument("--shape", help="only B x T, e.g. 8x131072")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 1
+    # a backend that cannot run a call says why in a UserWarning, then raises:
+    # the reason is printed once per shape (sdpa_fns), the warnings are noise
+    warnings.filterwarnings("ignore", category=UserWarning, module=__name__)
     kv = Kvtier(args.lib)
     timer = Timer(args.iters)
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -343,11 +386,26 @@ def main():
           (torch.cuda.get_device_name(), torch.__version__, copy_bw))
     print("Llama-3.1-8B attention: 32 q heads, 8 kv heads, dim 128, bf16, block %d; "
           "medians of %d, L2 flushed" % (args.block_size, args.iters))
-    shapes = [(32, 8192), (8, 32768)]
+    shapes = [(32, 8192), (8, 32768), (8, 131072)]
     if not args.quick:
         shapes += [(1, 32768), (4, 4096), (64, 2048), (16, 1024)]
+    if args.shape:
+        try:
+            B, T = (int(x) for x in args.shape.lower().split("x"))
+        except ValueError:
+            ap.error("--shape: B x T, e.g. 8x131072")
+        if B < 1 or T < args.block_size or T % args.block_size:
+            ap.error("--shape: B >= 1 and T a multiple of the block size")
+        shapes = [(B, T)]
+    summary = []
     for B, T in shapes:
-        run_shape(kv, timer, B, T, copy_bw, args)
+        summary.append((B, T, run_shape(kv, timer, B, T, copy_bw, args)))
+    print("\nsummary: speed-up of each kvtier format over the fastest bf16 decode of the same "
+          "shape and run (its label), and bytes read / D2D copy bandwidth")
+    for B, T, (best_label, rows) in summary:
+        print("%3d x %6d  vs %-24s %s" % (B, T, best_label, "  ".join(
+            "%s %.2fx (%.2f of copy)" % (name, speedup, nbytes / t / 1e6 / copy_bw)
+            for name, t, nbytes, err, speedup in rows)))
     return 0
 
 

@@ -548,7 +548,7 @@ int cli_same_file(const char *a, const char *b) {
   if (!ea || !eb)
     return 0;
   char ba[PATH_MAX], bb[PATH_MAX];
-  const char *na, *nb;
+  const char *na = NULL, *nb = NULL; /* set when new_file_identity returns 0 */
   if (new_file_identity(a, &sa, &na, ba, sizeof(ba)) ||
       new_file_identity(b, &sb, &nb, bb, sizeof(bb)))
     return 0;

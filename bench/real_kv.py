@@ -59,6 +59,10 @@ def cmd_dump(a):
 
     from kvtier import quality
 
+    if a.tokens <= 0 or a.tokens % 256:
+        sys.exit("--tokens: a positive multiple of 256 (the gpu step stores chunks of 256)")
+    if not 0 <= a.first_query < a.tokens:
+        sys.exit("--first-query: a position below --tokens")
     if a.threads:
         torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
@@ -151,7 +155,7 @@ def summarize(rels, elems):
     e = np.concatenate([x.cpu().numpy() for x in elems]).astype(np.float64)
     return dict(rel_l2_median=float(np.median(r)), rel_l2_p99=float(np.percentile(r, 99)),
                 rel_l2_max=float(r.max()), elem_rel_median=float(np.median(e)),
-                rel_l2_median_per_layer=[float(x.median()) for x in rels])
+                rel_l2_median_per_layer=[float(np.median(x.cpu().numpy())) for x in rels])
 
 
 def per_layer(s):
@@ -298,9 +302,13 @@ def cmd_gpu(a):
     pos = torch.from_numpy(d["positions"]).cuda()
     L, T, H, D = Kall.shape
     NQ, Hq = Qall.shape[1], Qall.shape[2]
+    if a.chunk <= 0 or a.chunk % 16 or T % a.chunk:
+        print("the dump's %d tokens are not whole chunks of --chunk %d (a multiple of 16)" %
+              (T, a.chunk))
+        return 2
     lib = a.lib or os.environ.get("KVTIER_LIBRARY")
     kv = Kvtier(lib)
-    codecs = a.codecs.split(",")
+    codecs = [c.replace(";", ",") for c in a.codecs.split(",") if c]
     gen = torch.Generator()
     gen.manual_seed(19)
     info = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, dump=meta,
@@ -423,7 +431,8 @@ def main():
     g = sub.add_parser("gpu", help="check the kernels on a dump")
     g.add_argument("--dump", required=True)
     g.add_argument("--lib", help="libkvtier built with CUDA (default: $KVTIER_LIBRARY)")
-    g.add_argument("--codecs", default="raw,k16v8,fp8,int8,k16v4,k8v4,int4")
+    g.add_argument("--codecs", default="raw,k16v8,fp8,int8,k16v4,k8v4,int4,int4;kgroup=dim",
+                   help="comma-separated presets or specs (a spec's own commas as ';')")
     g.add_argument("--chunk", type=int, default=256)
     g.add_argument("--json")
     a = ap.parse_args()

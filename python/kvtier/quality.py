@@ -211,6 +211,12 @@ def measure(model: Any, tokens: np.ndarray, *, codecs: Sequence[str], prefixes: 
     if longest > tokens.size:
         raise ValueError(f"kvtier quality: the text has {tokens.size} tokens; prefix "
                          f"{max(prefixes)} + {score} scored needs {longest}")
+    if windows > 1 and (tokens.size - longest) // (windows - 1) < score:
+        # Windows closer than `score` would score tokens twice (or repeat a
+        # window), and both standard errors would count them as new.
+        raise ValueError(f"kvtier quality: {windows} windows of prefix {max(prefixes)} + "
+                         f"{score} scored tokens overlap in a text of {tokens.size} tokens: "
+                         "use fewer windows or a longer text")
     cfg = model.config.get_text_config(decoder=True)
     dev = next(model.parameters()).device
     kv_heads = cfg.num_key_value_heads
@@ -269,7 +275,9 @@ def measure(model: Any, tokens: np.ndarray, *, codecs: Sequence[str], prefixes: 
         mean = float(d.mean())
         se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
         # Neighbouring tokens are correlated, so the token SE understates the
-        # spread; the spread of the window means does not assume independence.
+        # spread; the spread of the window means assumes only that windows
+        # (equal-sized, not overlapping) are independent. With 2 windows it has
+        # one degree of freedom: a rough figure.
         wm = [float(np.mean(x, dtype=np.float64)) for x in a["d"]]
         sew = float(np.std(wm, ddof=1) / math.sqrt(len(wm))) if len(wm) > 1 else float("nan")
         rows.append(Row(codec, var, P, float(np.mean(a["bpe"])), n, mean, se,
@@ -284,9 +292,16 @@ def measure(model: Any, tokens: np.ndarray, *, codecs: Sequence[str], prefixes: 
 # --- output ------------------------------------------------------------------------
 
 
-def _json_row(r: Row) -> Dict[str, Any]:
-    """asdict(r) with NaN (an SE of one token or window) as null: JSON has no NaN."""
-    return {k: (None if isinstance(v, float) and v != v else v) for k, v in asdict(r).items()}
+def _no_nan(v: Any) -> Any:
+    """v with every non-finite float (an SE of one token or window, a
+    non-finite NLL) as None, in lists and dicts too: JSON has no NaN."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, list):
+        return [_no_nan(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _no_nan(x) for k, x in v.items()}
+    return v
 
 
 def table(rows: Sequence[Row], ppl: Dict[int, float]) -> str:
@@ -429,20 +444,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if max(prefixes) + a.score + 1 > tokens.size:
         ap.error(f"the text has {tokens.size} tokens after --skip {a.skip}; --prefix "
                  f"{max(prefixes)} + --score {a.score} needs {max(prefixes) + a.score + 1}")
-    rows, ppl = measure(model, tokens, codecs=codecs, prefixes=prefixes, score=a.score,
-                        windows=a.windows, chunk=a.chunk, variants=variants,
-                        generate=a.generate)
+    try:
+        rows, ppl = measure(model, tokens, codecs=codecs, prefixes=prefixes, score=a.score,
+                            windows=a.windows, chunk=a.chunk, variants=variants,
+                            generate=a.generate)
+    except ValueError as e:
+        ap.error(str(e))
     head = (f"# kvtier quality: model {model_name}; text {', '.join(texts)} "
             f"({tokens.size} tokens after skipping {a.skip}); {a.windows} windows x {a.score} "
             f"scored tokens per prefix; chunks of {a.chunk}; reference = the same model with "
-            f"exact (float32) K/V; torch {torch.__version__}")
+            f"exact (float32) K/V; +-SE over scored tokens, +-SEw over window means; "
+            f"torch {torch.__version__}")
     print(head)
     print(table(rows, ppl))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(model=model_name, texts=texts, tokens=int(tokens.size),
-                           settings=dict(vars(a)), exact_ppl=ppl,
-                           rows=[_json_row(r) for r in rows]), f, indent=1)
+            doc = dict(model=model_name, texts=texts, tokens=int(tokens.size),
+                       settings=dict(vars(a)), exact_ppl=ppl, rows=[asdict(r) for r in rows])
+            json.dump(_no_nan(doc), f, indent=1, allow_nan=False)
     if a.plot:
         svg_plot(rows, a.plot)
     return 0

@@ -280,3 +280,44 @@ def test_quality_refuses_bad_options_before_loading_a_model(argv, says, capsys) 
     with pytest.raises(SystemExit) as e:
         quality.main(argv)
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_quality_window_statistics_and_json(model, tmp_path: Path) -> None:
+    # +-SEw comes from the window means: with two windows of equal size the
+    # token mean is the mean of the window means and SEw = |w1 - w2| / 2.
+    import json
+    import math
+
+    import numpy as np
+
+    from kvtier import quality
+
+    toks = np.asarray(_ids(200)[0])
+    rows, ppl = quality.measure(model, toks, codecs=["int4"], prefixes=[32], score=16,
+                                windows=2, chunk=CHUNK, variants=["kv"], generate=0,
+                                dram="16MiB")
+    (r,) = rows
+    assert len(r.window_dnll) == 2 and r.tokens == 32
+    assert math.isclose(sum(r.window_dnll) / 2, r.dnll, rel_tol=1e-9, abs_tol=1e-12)
+    assert math.isclose(r.dnll_se_win, abs(r.window_dnll[0] - r.window_dnll[1]) / 2,
+                        rel_tol=1e-9, abs_tol=1e-12)
+    # one window: no SEw; the JSON says null, never NaN
+    rows1, _ = quality.measure(model, toks, codecs=["int4"], prefixes=[32], score=16,
+                               windows=1, chunk=CHUNK, variants=["kv"], generate=0,
+                               dram="16MiB")
+    assert math.isnan(rows1[0].dnll_se_win)
+    doc = quality._no_nan({"rows": [quality.asdict(rows1[0])], "x": [float("nan")]})
+    text = json.dumps(doc, allow_nan=False)
+    assert json.loads(text)["rows"][0]["dnll_se_win"] is None
+
+
+def test_quality_refuses_overlapping_windows(model) -> None:
+    # 4 windows of 32 + 16 + 1 tokens in 60 tokens would score tokens twice.
+    import numpy as np
+
+    from kvtier import quality
+
+    with pytest.raises(ValueError, match="overlap"):
+        quality.measure(model, np.asarray(_ids(60)[0]), codecs=["int4"], prefixes=[32],
+                        score=16, windows=4, chunk=CHUNK, variants=["kv"], generate=0,
+                        dram="16MiB")

@@ -44,6 +44,27 @@ uint64_t kvt_hash64_2(const void *a, size_t na, const void *b, size_t nb) {
   return (uint64_t)XXH3_64bits_digest(&st);
 }
 
+uint64_t kvt_hash64_blocks(const void *data, size_t len, size_t block) {
+  /* Digests of up to 128 blocks at a time into the outer hash: streaming
+   * XXH3 over pieces equals one-shot XXH3 over their concatenation. */
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  const uint8_t *p = data;
+  uint8_t batch[128 * 8];
+  size_t n = 0;
+  do {
+    const size_t take = len < block ? len : block;
+    kvt_st64(batch + 8 * n, kvt_hash64(p, take));
+    p += take;
+    len -= take;
+    if (++n == 128 || len == 0) {
+      XXH3_64bits_update(&st, batch, 8 * n);
+      n = 0;
+    }
+  } while (len > 0);
+  return (uint64_t)XXH3_64bits_digest(&st);
+}
+
 static void put128(XXH128_hash_t h, uint8_t out[16]) {
   XXH128_canonical_t c;
   XXH128_canonicalFromHash(&c, h); /* big-endian high then low */

@@ -67,6 +67,11 @@ uint64_t kvt_hash64(const void *data, size_t len);
 void kvt_hash128(const void *data, size_t len, uint8_t out[16]);
 /* XXH3-64 of a || b, without joining them. */
 uint64_t kvt_hash64_2(const void *a, size_t na, const void *b, size_t nb);
+/* XXH3-64 of the little-endian XXH3-64 digests of data's consecutive
+ * `block`-byte pieces (the last may be shorter; at least one piece, so an
+ * empty input hashes one empty piece): payload format 2's section checksum,
+ * whose pieces can be hashed in parallel. */
+uint64_t kvt_hash64_blocks(const void *data, size_t len, size_t block);
 
 /* Streaming XXH3-128 with no allocation. */
 typedef struct kvt_hash128_stream {

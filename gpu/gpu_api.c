@@ -177,9 +177,38 @@ struct kvt_gpu_layout {
   void *copy_stream, *ev_start;
   void *ev_copied[NSLOT], *ev_free[NSLOT];
   uint32_t next_slot;
+  /* Format 2 checksums of device payloads: the pieces' digests (device
+   * scratch, grown on demand; calls on one layout take turns). */
+  uint64_t *digests;
+  uint64_t digest_words;
 };
 
 #define AUX_BYTES (sizeof(kvt_gpu_status) + 2 * KVT_MAX_LAYERS * sizeof(float))
+
+/* The largest section of a payload kp describes (stored = raw: the GPU path
+ * has no lossless stage). */
+static uint64_t max_section(const kvt_gpu_kparams *kp) {
+  uint64_t m = kp->sec_bytes[0] > kp->sec_bytes[1] ? kp->sec_bytes[0] : kp->sec_bytes[1];
+  return m > kp->raw_bytes ? m : kp->raw_bytes;
+}
+
+/* Digest scratch for the format 2 checksums of count sections of kp's
+ * shape; grows L->digests (cudaFree waits for the device's work). */
+static int digests_for(kvt_gpu_layout *L, uint32_t count, const kvt_gpu_kparams *kp,
+                       uint64_t **out) {
+  const uint64_t need = kvt_gpurt_digest_words(count, max_section(kp));
+  if (need > L->digest_words) {
+    kvt_gpurt_free(L->digests);
+    L->digests = NULL;
+    L->digest_words = 0;
+    int e = kvt_gpurt_malloc((void **)&L->digests, need * sizeof(uint64_t));
+    if (e)
+      return e;
+    L->digest_words = need;
+  }
+  *out = L->digests;
+  return 0;
+}
 
 static int cuda_fail(kvt_ctx *ctx, int err, const char *what) {
   return kvt_fail(ctx, KVT_ECUDA, "%s: %s (CUDA error %d)", what, kvt_gpurt_error_string(err),
@@ -298,6 +327,7 @@ void kvt_gpu_layout_destroy(kvt_gpu_layout *L) {
     return;
   kvt_gpurt_free(L->dev_ptrs);
   kvt_gpurt_free(L->dev_aux);
+  kvt_gpurt_free(L->digests);
   if (L->copy_stream)
     (void)kvt_gpurt_sync(L->copy_stream);
   kvt_gpurt_stream_destroy(L->copy_stream);
@@ -565,9 +595,14 @@ int kvt_gpu_store_async(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *
   }
   if ((e = kvt_gpurt_store(&kp, stream)) != 0)
     return cuda_fail(ctx, e, "store kernel launch");
-  if (kind == KVT_GPU_MEM_DEVICE &&
-      (e = kvt_gpurt_seal(dev, 2 * p->layer_count, kp.header_size, stream)) != 0)
-    return cuda_fail(ctx, e, "checksum kernel launch");
+  if (kind == KVT_GPU_MEM_DEVICE) {
+    uint64_t *dig = NULL;
+    if ((e = digests_for(L, 2 * p->layer_count, &kp, &dig)) != 0)
+      return cuda_fail(ctx, e, "cudaMalloc of the checksum scratch");
+    if ((e = kvt_gpurt_seal(dev, 2 * p->layer_count, kp.header_size, KVT_FORMAT_VERSION,
+                            max_section(&kp), dig, stream)) != 0)
+      return cuda_fail(ctx, e, "checksum kernel launch");
+  }
   *len = (size_t)size;
   return 0;
 }
@@ -609,7 +644,8 @@ int kvt_gpu_store_finish(kvt_gpu_layout *L, void *dst_, size_t len, void *stream
     kvt_section_entry_get(dst, i, &s);
     if (s.offset + s.stored_size > len)
       return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_finish: section %u outside the payload", i);
-    kvt_section_entry_set_checksum(dst, i, kvt_hash64(dst + s.offset, s.stored_size));
+    kvt_section_entry_set_checksum(
+        dst, i, kvt_section_checksum(h.version_major, dst + s.offset, s.stored_size));
   }
   kvt_header_seal(dst);
   return 0;
@@ -670,7 +706,7 @@ static int load_expect(kvt_ctx *ctx, const kvt_payload_info *in, const kvt_gpu_l
 
 /* Every loaded section: plain (no lossless stage), where the kernel expects
  * it, and - for host payloads - its checksum. */
-static int load_sections(kvt_ctx *ctx, const uint8_t *hdr, const uint8_t *body,
+static int load_sections(kvt_ctx *ctx, const uint8_t *hdr, const uint8_t *body, unsigned major,
                          const kvt_gpu_kparams *kp) {
   for (uint32_t l = kp->first; l < kp->first + kp->count; l++)
     for (int kind = 0; kind < 2; kind++) {
@@ -687,7 +723,7 @@ static int load_sections(kvt_ctx *ctx, const uint8_t *hdr, const uint8_t *body,
         return kvt_fail(ctx, KVT_ECORRUPT, "section %u at %" PRIu64 "+%" PRIu64 " is not where "
                         "its shape puts it", i, off, n);
       if (body) {
-        const uint64_t want = s.checksum, got = kvt_hash64(body + off, n);
+        const uint64_t want = s.checksum, got = kvt_section_checksum(major, body + off, n);
         if (want != got)
           return kvt_fail(ctx, KVT_ECHECKSUM, "section %u (layer %u %s) at offset %" PRIu64
                           ": stored checksum %016" PRIx64 ", computed %016" PRIx64, i,
@@ -718,10 +754,14 @@ static int load_check(kvt_gpu_layout *L, const kvt_payload_info *in,
 }
 
 /* The loaded sections' checksums of a device payload, on the GPU; waits. */
-static int verify_on_gpu(kvt_gpu_layout *L, const uint8_t *dev, const kvt_gpu_kparams *kp,
-                         void *stream) {
+static int verify_on_gpu(kvt_gpu_layout *L, const uint8_t *dev, unsigned major,
+                         const kvt_gpu_kparams *kp, void *stream) {
   kvt_gpu_status *st = (kvt_gpu_status *)L->dev_aux, host;
-  int e = kvt_gpurt_verify(dev, 2 * kp->first, 2 * kp->count, st, stream);
+  uint64_t *dig = NULL;
+  int e = major >= 2 ? digests_for(L, 2 * kp->count, kp, &dig) : 0;
+  if (e == 0)
+    e = kvt_gpurt_verify(dev, 2 * kp->first, 2 * kp->count, major, max_section(kp), dig, st,
+                         stream);
   if (e == 0)
     e = kvt_gpurt_sync(stream);
   if (e == 0)
@@ -874,10 +914,10 @@ int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
                        kind == KVT_GPU_MEM_PINNED && !(p->flags & KVT_GPU_LOAD_TRUST_HOST)
                            ? payload
                            : NULL,
-                       &kp);
+                       in.version_major, &kp);
   kvt_dealloc(ctx, copy);
   if (rc == 0 && kind == KVT_GPU_MEM_DEVICE && !(p->flags & KVT_GPU_LOAD_TRUST_DEVICE))
-    rc = verify_on_gpu(L, dev, &kp, stream);
+    rc = verify_on_gpu(L, dev, in.version_major, &kp, stream);
   if (rc)
     return rc;
   if (kind == KVT_GPU_MEM_PINNED && L->staging && !(p->flags & KVT_GPU_LOAD_ZERO_COPY) &&

@@ -1,9 +1,13 @@
-/* gpu/gpu_checksum.cu - XXH3-64 checksums of payloads in device memory:
+/* gpu/gpu_checksum.cu - section checksums of payloads in device memory:
  * sealing a payload the store kernel wrote (section checksums into the
  * table, then the header checksum) and verifying the loaded sections before
- * the load kernel trusts a device payload. One group of 8 lanes per section:
- * XXH3 is sequential within a section, so these run at 50-110 GB/s on an
- * H200, far below the load and store kernels (gpu_kernels.cu). */
+ * the load kernel trusts a device payload.
+ *
+ * Format 2 (serde/FORMAT.md section 3): every 4 KiB piece of every section is
+ * hashed by its own group of 8 lanes (pieces_kernel), then one group per
+ * section hashes the section's digests (combine_kernel). Format 1 (reading
+ * old payloads): one group of 8 lanes per section, sequential within it, as
+ * XXH3 of the whole section must be (50-110 GB/s on an H200). */
 #include <stdint.h>
 
 #include <cuda_runtime.h>
@@ -51,23 +55,92 @@ __global__ void header_hash_kernel(uint8_t *payload, uint64_t header_size) {
     *reinterpret_cast<uint64_t *>(payload + KVT_PL_HEADER_CHECKSUM) = h;
 }
 
+/* Format 2: the XXH3-64 of piece b of section first + blockIdx.y into
+ * dig[blockIdx.y * per + b]; 16 groups of 8 lanes per CTA, one piece each. */
+__global__ void pieces_kernel(const uint8_t *payload, uint32_t first, uint64_t per,
+                              uint64_t *dig) {
+  const uint64_t b = (uint64_t)blockIdx.x * 16 + threadIdx.x / 8;
+  const int lane = threadIdx.x & 7;
+  const unsigned gmask = 0xFFu << (threadIdx.x & 24);
+  const uint8_t *e = payload + HDR_FIXED + SEC_ENTRY * (uint64_t)(first + blockIdx.y);
+  const uint64_t off = kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET);
+  const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
+  const uint64_t start = b * KVT_PL_CHECKSUM_BLOCK;
+  if (b >= per || (b > 0 && start >= n)) /* the group's 8 lanes leave together */
+    return;
+  const uint64_t len = n - start < KVT_PL_CHECKSUM_BLOCK ? n - start : KVT_PL_CHECKSUM_BLOCK;
+  const uint64_t h = group_hash(payload + off + start, len, lane, gmask);
+  if (lane == 0)
+    dig[(uint64_t)blockIdx.y * per + b] = h; /* little-endian, as the format's digests */
+}
+
+/* Format 2: one group of 8 lanes per section hashes its pieces' digests into
+ * the section checksum: write (seal) or compare (verify). */
+__global__ void combine_kernel(uint8_t *payload, uint32_t first, uint32_t count, uint64_t per,
+                               const uint64_t *dig, int write, kvt_gpu_status *st) {
+  const uint32_t g = (blockIdx.x * blockDim.x + threadIdx.x) / 8;
+  const int lane = threadIdx.x & 7;
+  const unsigned gmask = 0xFFu << (threadIdx.x & 24);
+  if (g >= count)
+    return;
+  const uint32_t i = first + g;
+  uint8_t *e = payload + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
+  const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
+  const uint64_t pieces = n ? (n + KVT_PL_CHECKSUM_BLOCK - 1) / KVT_PL_CHECKSUM_BLOCK : 1;
+  const uint64_t h = group_hash(reinterpret_cast<const uint8_t *>(dig + (uint64_t)g * per),
+                                8 * pieces, lane, gmask);
+  if (lane != 0)
+    return;
+  if (write)
+    *reinterpret_cast<uint64_t *>(e + KVT_PL_ENTRY_CHECKSUM) = h;
+  else if (kvt_xxh3::rd64(e + KVT_PL_ENTRY_CHECKSUM) != h)
+    atomicMin(&st->bad_section, i);
+}
+
+/* Pieces per section for sections of at most max_stored bytes. */
+static uint64_t pieces_per(uint64_t max_stored) {
+  return max_stored ? (max_stored + KVT_PL_CHECKSUM_BLOCK - 1) / KVT_PL_CHECKSUM_BLOCK : 1;
+}
+
+extern "C" uint64_t kvt_gpurt_digest_words(uint32_t count, uint64_t max_stored) {
+  return (uint64_t)count * pieces_per(max_stored);
+}
+
+/* Section checksums of sections [first, first + count): written or compared. */
+static int hash_sections(uint8_t *payload, uint32_t first, uint32_t count, unsigned major,
+                         uint64_t max_stored, uint64_t *dig, int write, kvt_gpu_status *st,
+                         cudaStream_t s) {
+  if (major < 2) {
+    const unsigned blocks = (count * 8 + 127) / 128;
+    sections_hash_kernel<<<blocks, 128, 0, s>>>(payload, first, count, write, st);
+    return (int)cudaGetLastError();
+  }
+  const uint64_t per = pieces_per(max_stored);
+  pieces_kernel<<<dim3((unsigned)((per + 15) / 16), count), 128, 0, s>>>(payload, first, per,
+                                                                        dig);
+  combine_kernel<<<(count * 8 + 127) / 128, 128, 0, s>>>(payload, first, count, per, dig, write,
+                                                         st);
+  return (int)cudaGetLastError();
+}
+
 extern "C" int kvt_gpurt_seal(uint8_t *payload, uint32_t sections, uint64_t header_size,
+                              unsigned major, uint64_t max_stored, uint64_t *digests,
                               void *stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const unsigned blocks = (sections * 8 + 127) / 128;
-  sections_hash_kernel<<<blocks, 128, 0, st>>>(payload, 0, sections, 1, nullptr);
+  int e = hash_sections(payload, 0, sections, major, max_stored, digests, 1, nullptr, st);
+  if (e)
+    return e;
   header_hash_kernel<<<1, 8, 0, st>>>(payload, header_size);
   return (int)cudaGetLastError();
 }
 
 extern "C" int kvt_gpurt_verify(const uint8_t *payload, uint32_t first, uint32_t count,
+                                unsigned major, uint64_t max_stored, uint64_t *digests,
                                 kvt_gpu_status *status, void *stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaMemsetAsync(&status->bad_section, 0xFF, sizeof(uint32_t), st);
   if (e != cudaSuccess)
     return (int)e;
-  const unsigned blocks = (count * 8 + 127) / 128;
-  sections_hash_kernel<<<blocks, 128, 0, st>>>(const_cast<uint8_t *>(payload), first, count, 0,
-                                               status);
-  return (int)cudaGetLastError();
+  return hash_sections(const_cast<uint8_t *>(payload), first, count, major, max_stored, digests,
+                       0, status, st);
 }

@@ -173,13 +173,27 @@ __device__ uint64_t hash_long(const uint8_t *in, uint64_t len, int lane, unsigne
   uint64_t b = 0;
   for (; b + 4 <= nblocks; b += 4)
     blocks<4>(acc, in + b * block_len, lane, gmask);
-  for (; b < nblocks; b++)
+  /* The rest in one round of reads (a 4 KiB checksum piece has 3). */
+  if (nblocks - b == 3)
+    blocks<3>(acc, in + b * block_len, lane, gmask);
+  else if (nblocks - b == 2)
+    blocks<2>(acc, in + b * block_len, lane, gmask);
+  else if (nblocks - b == 1)
     blocks<1>(acc, in + b * block_len, lane, gmask);
-  const uint64_t stripes = ((len - 1) - block_len * nblocks) / 64;
-  for (uint64_t n = 0; n < stripes; n++)
-    stripe_word(acc, rd64(in + nblocks * block_len + 64 * n + 8 * lane), 8 * (int)n, lane,
-                gmask);
-  stripe_word(acc, rd64(in + len - 64 + 8 * lane), 192 - 64 - 7, lane, gmask);
+  /* The last partial block's stripes (at most 15) and the last stripe:
+   * every word loaded before any is used, as in blocks(). */
+  const int stripes = (int)(((len - 1) - block_len * nblocks) / 64);
+  const uint8_t *tail = in + nblocks * block_len + 8 * lane;
+  uint64_t t[15];
+#pragma unroll
+  for (int n = 0; n < 15; n++)
+    t[n] = n < stripes ? rd64(tail + 64 * n) : 0;
+  const uint64_t last = rd64(in + len - 64 + 8 * lane);
+#pragma unroll
+  for (int n = 0; n < 15; n++)
+    if (n < stripes)
+      stripe_word(acc, t[n], 8 * n, lane, gmask);
+  stripe_word(acc, last, 192 - 64 - 7, lane, gmask);
   /* merge: pairs (2i, 2i+1) */
   const uint64_t partner = __shfl_xor_sync(gmask, acc, 1, 8);
   uint64_t r = 0;

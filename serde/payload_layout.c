@@ -98,6 +98,10 @@ void kvt_section_entry_get(const uint8_t *hdr, uint32_t i, kvt_section_info *s) 
   s->checksum = kvt_ld64(e + S_CHECKSUM);
 }
 
+uint64_t kvt_section_checksum(unsigned major, const uint8_t *data, size_t len) {
+  return major >= 2 ? kvt_hash64_blocks(data, len, KVT_PL_CHECKSUM_BLOCK) : kvt_hash64(data, len);
+}
+
 void kvt_section_entry_set_checksum(uint8_t *hdr, uint32_t i, uint64_t checksum) {
   kvt_st64(hdr + HDR_FIXED + (size_t)SEC_ENTRY * i + S_CHECKSUM, checksum);
 }

@@ -24,6 +24,10 @@
 #define KVT_PL_ENTRY_STORED 16
 #define KVT_PL_ENTRY_CHECKSUM 32
 
+/* Format 2's section checksum (FORMAT.md section 3): XXH3-64 over the
+ * XXH3-64 digests of the section's consecutive pieces of this many bytes. */
+#define KVT_PL_CHECKSUM_BLOCK 4096
+
 #ifndef __CUDACC__
 
 #include "kvt_internal.h"
@@ -66,6 +70,11 @@ void kvt_section_entry_get(const uint8_t *hdr, uint32_t i, kvt_section_info *s);
 
 /* Sets only the checksum field of entry i (sealing a payload in place). */
 void kvt_section_entry_set_checksum(uint8_t *hdr, uint32_t i, uint64_t checksum);
+
+/* The checksum of a section's len stored bytes under format version `major`
+ * (the payload's version_major): XXH3-64 of the bytes in format 1, the
+ * blockwise hash (KVT_PL_CHECKSUM_BLOCK) in format 2. */
+uint64_t kvt_section_checksum(unsigned major, const uint8_t *data, size_t len);
 
 #endif /* __CUDACC__ */
 #endif

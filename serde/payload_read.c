@@ -27,9 +27,10 @@ static int parse_header(kvt_ctx *ctx, const uint8_t *b, size_t len, parsed *p) {
   kvt_payload_info *in = &p->info;
   kvt_header_get(b, in);
   const uint16_t major = in->version_major, minor = in->version_minor;
-  if (major != KVT_FORMAT_VERSION)
-    return kvt_fail(ctx, KVT_EVERSION, "format version %u.%u at offset 8; this library reads %d.x",
-                    major, minor, KVT_FORMAT_VERSION);
+  if (major < KVT_FORMAT_OLDEST || major > KVT_FORMAT_VERSION)
+    return kvt_fail(ctx, KVT_EVERSION,
+                    "format version %u.%u at offset 8; this library reads %d.x to %d.x", major,
+                    minor, KVT_FORMAT_OLDEST, KVT_FORMAT_VERSION);
   const uint32_t nsec = in->sections, hsize = in->header_size;
   if (nsec == 0 || nsec % 2 || nsec > 2 * KVT_MAX_LAYERS)
     return kvt_fail(ctx, KVT_ECORRUPT, "section count %u at offset %d: must be even, 2..%d",
@@ -211,7 +212,7 @@ int kvt_payload_parse(kvt_ctx *ctx, const void *buf, size_t len, kvt_payload_inf
 
 static int verify_section(kvt_ctx *ctx, const parsed *p, uint32_t i, kvt_section_info *s) {
   kvt_section_entry_get(p->b, i, s);
-  uint64_t got = kvt_hash64(p->b + s->offset, s->stored_size);
+  uint64_t got = kvt_section_checksum(p->info.version_major, p->b + s->offset, s->stored_size);
   if (got != s->checksum)
     return kvt_fail(ctx, KVT_ECHECKSUM,
                     "section %u (layer %u %s) at offset %" PRIu64 ": stored checksum %016" PRIx64

@@ -111,7 +111,7 @@ static int put_section(kvt_ctx *ctx, const kvt_encode_params *p, const kvt_secti
     return rc;
   }
   const kvt_section_info e = {s->layer, s->is_value, s->fmt, *comp, start, stored, raw,
-                              kvt_hash64(at, stored), {0, 0}};
+                              kvt_section_checksum(KVT_FORMAT_VERSION, at, stored), {0, 0}};
   kvt_section_entry_put(dst, i, &e);
   *off = start + stored;
   return 0;

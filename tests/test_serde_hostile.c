@@ -11,6 +11,7 @@
 #include "serde_sample.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 
 #ifdef KVT_HAVE_ZSTD
@@ -184,7 +185,7 @@ typedef struct field_edit {
 } field_edit;
 
 static const field_edit header_edits[] = {
-    {"major version 2", H_VMAJOR, 2, 2, KVT_EVERSION, "version 2.0 at offset 8"},
+    {"major version 3", H_VMAJOR, 2, 3, KVT_EVERSION, "version 3.0 at offset 8"},
     {"major version 0", H_VMAJOR, 2, 0, KVT_EVERSION, "offset 8"},
     {"bad magic", H_MAGIC + 1, 1, 'X', KVT_EFORMAT, "magic"},
     {"payload size above the limit", H_SIZE, 8, KVT_PAYLOAD_MAX + 1, KVT_ETOOBIG,
@@ -502,6 +503,72 @@ static void test_serde_decode_rejects_bad_zstd_stream_with_valid_checksums(void 
 #endif
 }
 
+/* Format 2's section checksum, computed here from its definition (FORMAT.md
+ * section 3) with one-shot XXH3 calls: pieces of 4096 bytes, the last one
+ * shorter, their little-endian digests hashed together. */
+static uint64_t pieces_checksum(const uint8_t *b, size_t n) {
+  uint8_t *d = malloc(8 * (n / 4096 + 1));
+  assert_non_null(d);
+  size_t k = 0;
+  for (size_t at = 0; at < n || k == 0; at += 4096)
+    kvt_st64(d + 8 * k++, kvt_hash64(b + at, n - at < 4096 ? n - at : 4096));
+  uint64_t h = kvt_hash64(d, 8 * k);
+  free(d);
+  return h;
+}
+
+static void test_serde_section_checksum_hashes_4k_pieces(void **state) {
+  (void)state;
+  /* Sections of 1 (raw K: 70 x 4 x 64 x 2 = 35840 bytes = 8.75 pieces,
+   * and an fp8 V of 1120 + 17920 bytes) to several pieces. */
+  static const struct { const char *spec; uint32_t T, H, D; } cases[] = {
+      {"raw", 70, 4, 64}, {"fp8", 70, 4, 64}, {"int4", 64, 4, 128}, {"raw", 16, 2, 64}};
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+    sample s;
+    sample_make(&s, cases[c].spec, KVT_DTYPE_BF16, 2, cases[c].T, cases[c].H, cases[c].D, 0);
+    assert_int_equal(kvt_ld16(s.buf + H_VMAJOR), 2);
+    for (uint32_t i = 0; i < 4; i++) {
+      kvt_section_info si;
+      assert_int_equal(kvt_payload_section(ctx, s.buf, s.len, i, &si), 0);
+      if (si.checksum != pieces_checksum(s.buf + si.offset, si.stored_size))
+        fail_msg("%s section %u (%" PRIu64 " bytes): checksum %016" PRIx64 " is not the 4 KiB "
+                 "pieces' %016" PRIx64, cases[c].spec, i, si.stored_size, si.checksum,
+                 pieces_checksum(s.buf + si.offset, si.stored_size));
+    }
+    sample_free(&s);
+  }
+}
+
+/* The version selects the rule: a 2.0 payload relabelled 1.0 (header
+ * resealed) fails its section checksums, and a 1.0 payload's whole-section
+ * checksums verify. */
+static void test_serde_version_selects_the_section_checksum(void **state) {
+  (void)state;
+  sample s;
+  sample_make(&s, "raw", KVT_DTYPE_BF16, 1, 70, 4, 64, 0);
+  uint8_t *b = copy_of(&s);
+  kvt_st16(b + H_VMAJOR, 1);
+  reseal(b, s.len);
+  expect_rc(kvt_payload_verify(ctx, b, s.len, NULL), KVT_ECHECKSUM, "section 0", "2.0 as 1.0");
+  for (uint32_t i = 0; i < 2; i++) {
+    uint8_t *e = entry(b, i);
+    kvt_st64(e + S_CHECKSUM, kvt_hash64(b + kvt_ld64(e + S_OFFSET), kvt_ld64(e + S_STORED)));
+  }
+  reseal(b, s.len);
+  kvt_payload_info info;
+  assert_int_equal(kvt_payload_verify(ctx, b, s.len, &info), 0);
+  assert_int_equal(info.version_major, 1);
+  uint16_t *k = malloc(2 * elems(&s)), *v = malloc(2 * elems(&s));
+  assert_non_null(k);
+  assert_non_null(v);
+  assert_int_equal(decode_dense(&s, b, s.len, k, v), 0);
+  assert_memory_equal(k, s.k, 2 * elems(&s)); /* raw: the source bits */
+  free(k);
+  free(v);
+  free(b);
+  sample_free(&s);
+}
+
 static void test_serde_payload_section_reports_the_table(void **state) {
   (void)state;
   sample s;
@@ -517,7 +584,10 @@ static void test_serde_payload_section_reports_the_table(void **state) {
     assert_int_equal(si.offset, off[i]);
     assert_int_equal(si.stored_size, size[i]);
     assert_int_equal(si.raw_size, size[i]);
-    assert_int_equal(si.checksum, kvt_hash64(s.buf + off[i], size[i]));
+    /* one 4 KiB piece: XXH3-64 of its digest (FORMAT.md section 3) */
+    uint8_t d[8];
+    kvt_st64(d, kvt_hash64(s.buf + off[i], size[i]));
+    assert_int_equal(si.checksum, kvt_hash64(d, 8));
   }
   kvt_section_info si;
   expect_rc(kvt_payload_section(ctx, s.buf, s.len, 4, &si), -EINVAL, "section 4 of 4", "i=4");
@@ -545,6 +615,8 @@ int main(void) {
       cmocka_unit_test(test_serde_verify_and_decode_reject_section_checksum_mismatch),
       cmocka_unit_test(test_serde_decode_rejects_bad_zstd_stream_with_valid_checksums),
       cmocka_unit_test(test_serde_payload_section_reports_the_table),
+      cmocka_unit_test(test_serde_section_checksum_hashes_4k_pieces),
+      cmocka_unit_test(test_serde_version_selects_the_section_checksum),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

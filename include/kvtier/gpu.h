@@ -197,8 +197,9 @@ KVT_API int kvt_gpu_store_bound(kvt_gpu_layout *layout, const kvt_gpu_store_para
  * section table (checksums zero: from the host into pinned memory, or by an
  * asynchronous copy into device memory), launches one kernel on `stream` that
  * writes every section byte (and a small one before it for layer-granular
- * scales), for device memory then the XXH3 checksum kernels that fill the
- * section and header checksums, sets *len to the payload size and returns
+ * scales), for device memory then the checksum kernels that fill the
+ * section checksums (format 2: every 4 KiB piece hashed by its own group of
+ * lanes, serde/FORMAT.md section 3) and the header checksum, sets *len to the payload size and returns
  * without waiting. kvt_gpu_store_finish waits for the stream, checks the
  * kernel's status (KVT_ENONFINITE: a NaN/Inf in a tensor to be quantized,
  * named by layer, token, head and dim; not necessarily the first one the CPU
@@ -295,13 +296,14 @@ typedef struct kvt_gpu_load_params {
  * What is verified before the launch, on the host:
  * - payload in mapped pinned host memory: everything kvt_decode checks -
  *   the header checksum, every header field and section-table entry, the
- *   key and fingerprint expectations, and the XXH3-64 checksum of every
+ *   key and fingerprint expectations, and the section checksum of every
  *   section that is loaded (sections not loaded are not read; with
  *   KVT_GPU_LOAD_TRUST_HOST no section checksum);
  * - payload in device memory: the header and section table, copied to the
  *   host synchronously, with their checksum, fields and expectations; then
- *   the XXH3-64 checksum of every loaded section, computed by a kernel on
- *   `stream` (the call waits for the stream), unless
+ *   the checksum of every loaded section, computed by kernels on `stream`
+ *   (4 KiB pieces in parallel for format 2 payloads, one section per group
+ *   of lanes for format 1; the call waits for the stream), unless
  *   KVT_GPU_LOAD_TRUST_DEVICE says to skip it. The status word of the handle
  *   is used: not while a store on the same handle is in flight.
  * Sections stored with the lossless zstd stage are refused (KVT_ENOTSUP):

@@ -105,7 +105,7 @@ typedef struct kvt_section_info {
   uint64_t offset;     /* from the payload's first byte; 64-byte aligned */
   uint64_t stored_size;/* bytes at offset */
   uint64_t raw_size;   /* bytes after the lossless stage is undone */
-  uint64_t checksum;   /* XXH3-64 of the stored bytes */
+  uint64_t checksum;   /* the section checksum (serde/FORMAT.md section 3) */
   uint64_t reserved[2];/* zeroed by the library: later entry fields */
 } kvt_section_info;
 

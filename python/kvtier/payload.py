@@ -62,7 +62,7 @@ class SectionInfo:
     offset: int
     stored_size: int
     raw_size: int
-    checksum: int  # XXH3-64 of the stored bytes
+    checksum: int  # the section checksum: over 4 KiB pieces (format 2), XXH3-64 (format 1)
 
 
 def _info(c: S.kvt_payload_info) -> PayloadInfo:

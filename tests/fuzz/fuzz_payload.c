@@ -103,7 +103,7 @@ static void reseal(uint8_t *b, size_t n) {
     uint8_t *e = b + HDR_FIXED + (size_t)SEC_ENTRY * i;
     uint64_t off = kvt_ld64(e + S_OFFSET), len = kvt_ld64(e + S_STORED);
     if (off <= n && len <= n - off)
-      kvt_st64(e + S_CHECKSUM, kvt_hash64(b + off, len));
+      kvt_st64(e + S_CHECKSUM, kvt_section_checksum(kvt_ld16(b + H_VMAJOR), b + off, len));
   }
   kvt_st64(b + H_CHECKSUM, kvt_header_checksum(b, hsize));
 }

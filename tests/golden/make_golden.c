@@ -2,8 +2,11 @@
  *
  *   make_golden OUTDIR
  *
- * Run once per format version (a new version gets new files next to the old
- * ones; the old ones must keep decoding). Encodes with the scalar codec path,
+ * Run once per format version: it writes the files of this build's format
+ * (named v<major>_<name> from format 2 on) and appends their MANIFEST lines,
+ * leaving every file and line of older versions as they are (they must keep
+ * decoding). It refuses to run when this version's files are listed already.
+ * Encodes with the scalar codec path,
  * the reference every other path must match. tests/test_golden.c checks each
  * file still verifies, decodes to the recorded hashes, and is what today's
  * encoder writes for the same input. */
@@ -27,28 +30,34 @@ typedef struct golden_def {
   const char *name, *spec;
   int dtype, zstd_level;
   uint32_t layer_begin, model_layers, token_begin;
+  uint32_t tokens, heads, head_dim; /* 0: T, H, D */
 } golden_def;
 
 static const golden_def defs[] = {
-    {"raw", "raw", KVT_DTYPE_BF16, 0, 0, L, 0},
-    {"k16v8", "k16v8", KVT_DTYPE_BF16, 0, 0, L, 0},
-    {"fp8", "fp8", KVT_DTYPE_BF16, 0, 0, L, 0},
-    {"int8", "int8", KVT_DTYPE_BF16, 0, 0, L, 0},
-    {"k16v4", "k16v4", KVT_DTYPE_BF16, 0, 0, L, 0},
-    {"k8v4", "k8v4", KVT_DTYPE_BF16, 0, 0, L, 0},
-    {"int4", "int4", KVT_DTYPE_BF16, 0, 0, L, 0},
-    {"int4_kgroup_dim", "int4,kgroup=dim,group=16", KVT_DTYPE_BF16, 0, 0, L, 0},
-    {"fp8_scale_block", "fp8,scale=block,block=6", KVT_DTYPE_BF16, 0, 0, L, 0},
-    {"int8_scale_layer", "int8,scale=layer", KVT_DTYPE_BF16, 0, 0, L, 0},
-    {"k8v4_raw1", "k8v4,raw=1", KVT_DTYPE_BF16, 0, 0, L, 0},
+    {"raw", "raw", KVT_DTYPE_BF16, 0, 0, L, 0, 0, 0, 0},
+    {"k16v8", "k16v8", KVT_DTYPE_BF16, 0, 0, L, 0, 0, 0, 0},
+    {"fp8", "fp8", KVT_DTYPE_BF16, 0, 0, L, 0, 0, 0, 0},
+    {"int8", "int8", KVT_DTYPE_BF16, 0, 0, L, 0, 0, 0, 0},
+    {"k16v4", "k16v4", KVT_DTYPE_BF16, 0, 0, L, 0, 0, 0, 0},
+    {"k8v4", "k8v4", KVT_DTYPE_BF16, 0, 0, L, 0, 0, 0, 0},
+    {"int4", "int4", KVT_DTYPE_BF16, 0, 0, L, 0, 0, 0, 0},
+    {"int4_kgroup_dim", "int4,kgroup=dim,group=16", KVT_DTYPE_BF16, 0, 0, L, 0, 0, 0, 0},
+    {"fp8_scale_block", "fp8,scale=block,block=6", KVT_DTYPE_BF16, 0, 0, L, 0, 0, 0, 0},
+    {"int8_scale_layer", "int8,scale=layer", KVT_DTYPE_BF16, 0, 0, L, 0, 0, 0, 0},
+    {"k8v4_raw1", "k8v4,raw=1", KVT_DTYPE_BF16, 0, 0, L, 0, 0, 0, 0},
     /* Layers 4..5 of an 8-layer model, the second kept raw by an absolute index. */
-    {"fp8_layers4_5_raw5", "fp8,raw=5", KVT_DTYPE_BF16, 0, 4, 8, 40},
-    {"raw_zstd", "raw", KVT_DTYPE_BF16, 3, 0, L, 0},
-    {"k16v8_zstd", "k16v8", KVT_DTYPE_BF16, 3, 0, L, 0},
-    {"raw_fp16", "raw", KVT_DTYPE_F16, 0, 0, L, 0},
-    {"k16v8_fp16", "k16v8", KVT_DTYPE_F16, 0, 0, L, 0},
-    {"int8_fp16", "int8", KVT_DTYPE_F16, 0, 0, L, 0},
-    {"int4_fp16", "int4", KVT_DTYPE_F16, 0, 0, L, 0},
+    {"fp8_layers4_5_raw5", "fp8,raw=5", KVT_DTYPE_BF16, 0, 4, 8, 40, 0, 0, 0},
+    {"raw_zstd", "raw", KVT_DTYPE_BF16, 3, 0, L, 0, 0, 0, 0},
+    {"k16v8_zstd", "k16v8", KVT_DTYPE_BF16, 3, 0, L, 0, 0, 0, 0},
+    {"raw_fp16", "raw", KVT_DTYPE_F16, 0, 0, L, 0, 0, 0, 0},
+    {"k16v8_fp16", "k16v8", KVT_DTYPE_F16, 0, 0, L, 0, 0, 0, 0},
+    {"int8_fp16", "int8", KVT_DTYPE_F16, 0, 0, L, 0, 0, 0, 0},
+    {"int4_fp16", "int4", KVT_DTYPE_F16, 0, 0, L, 0, 0, 0, 0},
+    /* Format 2: sections of several 4 KiB checksum pieces, the last one
+     * partial (raw K/V 35840 bytes; fp8 and int4 scales make odd sizes). */
+    {"raw_pieces", "raw", KVT_DTYPE_BF16, 0, 0, L, 0, 70, 4, 64},
+    {"fp8_pieces", "fp8", KVT_DTYPE_BF16, 0, 0, L, 0, 70, 4, 64},
+    {"int4_pieces", "int4", KVT_DTYPE_BF16, 0, 0, L, 0, 64, 4, 128},
 };
 
 static int write_file(const char *path, const void *data, size_t n) {
@@ -63,12 +72,16 @@ static int write_file(const char *path, const void *data, size_t n) {
 static int make_one(kvt_ctx *ctx, const char *dir, const golden_def *d, FILE *manifest) {
   golden_case c;
   memset(&c, 0, sizeof(c));
-  snprintf(c.name, sizeof(c.name), "%s", d->name);
+  if (KVT_FORMAT_VERSION >= 2)
+    snprintf(c.name, sizeof(c.name), "v%d_%s", KVT_FORMAT_VERSION, d->name);
+  else
+    snprintf(c.name, sizeof(c.name), "%s", d->name);
   snprintf(c.spec, sizeof(c.spec), "%s", d->spec);
   c.dtype = d->dtype;
   c.zstd_level = d->zstd_level;
   c.seed = 20240601;
-  c.layers = L, c.tokens = T, c.heads = H, c.head_dim = D;
+  c.layers = L, c.tokens = d->tokens ? d->tokens : T, c.heads = d->heads ? d->heads : H;
+  c.head_dim = d->head_dim ? d->head_dim : D;
   c.layer_begin = d->layer_begin, c.model_layers = d->model_layers;
   c.token_begin = d->token_begin;
 #ifdef KVT_HAVE_ZSTD
@@ -87,7 +100,7 @@ static int make_one(kvt_ctx *ctx, const char *dir, const golden_def *d, FILE *ma
     goto done;
   c.payload_hash = kvt_hash64(payload, len);
   kvt_kv_view view;
-  kvt_kv_view_dense(&view, out, out + n, c.dtype, L, T, H, D);
+  kvt_kv_view_dense(&view, out, out + n, c.dtype, c.layers, c.tokens, c.heads, c.head_dim);
   if ((rc = kvt_decode(ctx, payload, len, NULL, &view)) != 0)
     goto done;
   c.k_hash = kvt_hash64(out, 2 * n);
@@ -116,16 +129,30 @@ int main(int argc, char **argv) {
   kvt_ctx *ctx;
   if (kvt_ctx_create(&cfg, &ctx) != 0)
     return 1;
-  char path[4096];
+  char path[4096], prefix[16], line[1024];
   snprintf(path, sizeof(path), "%s/MANIFEST", argv[1]);
-  FILE *m = fopen(path, "w");
+  snprintf(prefix, sizeof(prefix), "v%d_", KVT_FORMAT_VERSION);
+  FILE *m = fopen(path, "a+"); /* older versions' lines stay */
   if (!m) {
     perror(path);
     kvt_ctx_destroy(ctx);
     return 1;
   }
-  fprintf(m, "# Golden payloads: written by tests/golden/make_golden.c, checked by "
-             "tests/test_golden.c.\n# Columns: see tests/golden/golden_common.h.\n");
+  int empty = 1;
+  rewind(m);
+  while (fgets(line, sizeof(line), m)) {
+    empty = 0;
+    if (KVT_FORMAT_VERSION < 2 || strncmp(line, prefix, strlen(prefix)) == 0) {
+      fprintf(stderr, "%s already lists format %d's golden files: they are never rewritten\n",
+              path, KVT_FORMAT_VERSION);
+      fclose(m);
+      kvt_ctx_destroy(ctx);
+      return 1;
+    }
+  }
+  if (empty)
+    fprintf(m, "# Golden payloads: written by tests/golden/make_golden.c, checked by "
+               "tests/test_golden.c.\n# Columns: see tests/golden/golden_common.h.\n");
   int rc = 0;
   for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]) && rc == 0; i++)
     rc = make_one(ctx, argv[1], &defs[i], m);

@@ -185,15 +185,25 @@ struct kvt_gpu_layout {
 
 #define AUX_BYTES (sizeof(kvt_gpu_status) + 2 * KVT_MAX_LAYERS * sizeof(float))
 
-/* The largest section of a payload kp describes (stored = raw: the GPU path
- * has no lossless stage). */
+/* The largest section of kp's layers [first, first + count) (stored = raw:
+ * the GPU path has no lossless stage): an n16 section only where a raw layer
+ * is among them. */
 static uint64_t max_section(const kvt_gpu_kparams *kp) {
   uint64_t m = kp->sec_bytes[0] > kp->sec_bytes[1] ? kp->sec_bytes[0] : kp->sec_bytes[1];
-  return m > kp->raw_bytes ? m : kp->raw_bytes;
+  const uint32_t lo = kp->layer_begin + kp->first, hi = lo + kp->count;
+  if (kvt_gpu_raw_below(kp, hi) > kvt_gpu_raw_below(kp, lo) && kp->raw_bytes > m)
+    m = kp->raw_bytes;
+  return m;
 }
 
+/* Digest words made at layout creation: payloads up to 32 MiB (a 256-token
+ * chunk of a 32-layer, 8-head, 128-dim bf16 model) need no allocation on
+ * the data path. */
+#define DIGESTS_AT_CREATE 8192u
+
 /* Digest scratch for the format 2 checksums of count sections of kp's
- * shape; grows L->digests (cudaFree waits for the device's work). */
+ * shape; grows L->digests for larger payloads (cudaFree waits for the
+ * device's work: once per new largest size). */
 static int digests_for(kvt_gpu_layout *L, uint32_t count, const kvt_gpu_kparams *kp,
                        uint64_t **out) {
   const uint64_t need = kvt_gpurt_digest_words(count, max_section(kp));
@@ -306,7 +316,9 @@ int kvt_gpu_layout_create(kvt_ctx *ctx, const kvt_gpu_layout_desc *d, kvt_gpu_la
   const size_t pbytes = 2 * sizeof(uint64_t) * d->layers;
   const char *what = "cudaMalloc";
   if ((e = kvt_gpurt_malloc((void **)&L->dev_ptrs, pbytes)) == 0 &&
-      (e = kvt_gpurt_malloc((void **)&L->dev_aux, AUX_BYTES)) == 0) {
+      (e = kvt_gpurt_malloc((void **)&L->dev_aux, AUX_BYTES)) == 0 &&
+      (e = kvt_gpurt_malloc((void **)&L->digests, DIGESTS_AT_CREATE * sizeof(uint64_t))) == 0) {
+    L->digest_words = DIGESTS_AT_CREATE;
     what = "cudaMemcpy";
     if ((e = kvt_gpurt_copy_h2d(L->dev_ptrs, host, pbytes)) == 0)
       e = kvt_gpurt_zero(L->dev_aux, AUX_BYTES); /* the status word is read whole */
@@ -599,7 +611,7 @@ int kvt_gpu_store_async(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *
     uint64_t *dig = NULL;
     if ((e = digests_for(L, 2 * p->layer_count, &kp, &dig)) != 0)
       return cuda_fail(ctx, e, "cudaMalloc of the checksum scratch");
-    if ((e = kvt_gpurt_seal(dev, 2 * p->layer_count, kp.header_size, KVT_FORMAT_VERSION,
+    if ((e = kvt_gpurt_seal(dev, size, 2 * p->layer_count, kp.header_size, KVT_FORMAT_VERSION,
                             max_section(&kp), dig, stream)) != 0)
       return cuda_fail(ctx, e, "checksum kernel launch");
   }
@@ -754,14 +766,14 @@ static int load_check(kvt_gpu_layout *L, const kvt_payload_info *in,
 }
 
 /* The loaded sections' checksums of a device payload, on the GPU; waits. */
-static int verify_on_gpu(kvt_gpu_layout *L, const uint8_t *dev, unsigned major,
+static int verify_on_gpu(kvt_gpu_layout *L, const uint8_t *dev, size_t len, unsigned major,
                          const kvt_gpu_kparams *kp, void *stream) {
   kvt_gpu_status *st = (kvt_gpu_status *)L->dev_aux, host;
   uint64_t *dig = NULL;
   int e = major >= 2 ? digests_for(L, 2 * kp->count, kp, &dig) : 0;
   if (e == 0)
-    e = kvt_gpurt_verify(dev, 2 * kp->first, 2 * kp->count, major, max_section(kp), dig, st,
-                         stream);
+    e = kvt_gpurt_verify(dev, len, 2 * kp->first, 2 * kp->count, major, max_section(kp), dig,
+                         st, stream);
   if (e == 0)
     e = kvt_gpurt_sync(stream);
   if (e == 0)
@@ -917,7 +929,7 @@ int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
                        in.version_major, &kp);
   kvt_dealloc(ctx, copy);
   if (rc == 0 && kind == KVT_GPU_MEM_DEVICE && !(p->flags & KVT_GPU_LOAD_TRUST_DEVICE))
-    rc = verify_on_gpu(L, dev, in.version_major, &kp, stream);
+    rc = verify_on_gpu(L, dev, len, in.version_major, &kp, stream);
   if (rc)
     return rc;
   if (kind == KVT_GPU_MEM_PINNED && L->staging && !(p->flags & KVT_GPU_LOAD_ZERO_COPY) &&

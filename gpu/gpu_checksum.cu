@@ -27,8 +27,8 @@ __device__ uint64_t group_hash(const uint8_t *in, uint64_t len, int lane, unsign
 }
 
 /* One group of 8 lanes per section: write (seal) or compare (verify). */
-__global__ void sections_hash_kernel(uint8_t *payload, uint32_t first, uint32_t count, int write,
-                                     kvt_gpu_status *st) {
+__global__ void sections_hash_kernel(uint8_t *payload, uint64_t len, uint32_t first,
+                                     uint32_t count, int write, kvt_gpu_status *st) {
   const uint32_t g = (blockIdx.x * blockDim.x + threadIdx.x) / 8;
   const int lane = threadIdx.x & 7;
   const unsigned gmask = 0xFFu << (threadIdx.x & 24);
@@ -38,6 +38,11 @@ __global__ void sections_hash_kernel(uint8_t *payload, uint32_t first, uint32_t 
   uint8_t *e = payload + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
   const uint64_t off = kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET);
   const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
+  if (!(off <= len && n <= len - off)) { /* see section_fits */
+    if (lane == 0 && !write)
+      atomicMin(&st->bad_section, i);
+    return;
+  }
   const uint64_t h = group_hash(payload + off, n, lane, gmask);
   if (lane != 0)
     return;
@@ -55,10 +60,67 @@ __global__ void header_hash_kernel(uint8_t *payload, uint64_t header_size) {
     *reinterpret_cast<uint64_t *>(payload + KVT_PL_HEADER_CHECKSUM) = h;
 }
 
+/* XXH3-64 of one checksum piece (len <= KVT_PL_CHECKSUM_BLOCK) by a group of
+ * 8 lanes: kvt_xxh3::hash_long's arithmetic in a compact form (one 1 KiB
+ * block per loop trip, 16 reads in flight per lane), so the kernel keeps
+ * few registers and little code: with hash_long's unrolled 4 KiB reads it
+ * ran at 12% occupancy, stalled on instruction fetch. */
+__device__ uint64_t piece_hash(const uint8_t *in, uint64_t len, int lane, unsigned gmask) {
+  using namespace kvt_xxh3;
+  if (len <= 240) {
+    uint64_t h = lane == 0 ? hash_short(in, len) : 0;
+    return __shfl_sync(gmask, h, 0, 8);
+  }
+  const uint64_t init[8] = {P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1};
+  uint64_t acc = init[lane];
+  const int nblocks = (int)((len - 1) / 1024); /* 0..3 */
+#pragma unroll 1
+  for (int b = 0; b < nblocks; b++) {
+    uint64_t v[16];
+#pragma unroll
+    for (int n = 0; n < 16; n++)
+      v[n] = rd64(in + 1024 * b + 64 * n + 8 * lane);
+#pragma unroll
+    for (int n = 0; n < 16; n++)
+      stripe_word(acc, v[n], 8 * n, lane, gmask);
+    scramble(acc, lane);
+  }
+  const int stripes = (int)(((len - 1) - 1024 * (uint64_t)nblocks) / 64);
+  const uint8_t *tail = in + 1024 * nblocks + 8 * lane;
+  uint64_t v[16];
+#pragma unroll
+  for (int n = 0; n < 15; n++)
+    v[n] = n < stripes ? rd64(tail + 64 * n) : 0;
+  v[15] = rd64(in + len - 64 + 8 * lane);
+#pragma unroll
+  for (int n = 0; n < 15; n++)
+    if (n < stripes)
+      stripe_word(acc, v[n], 8 * n, lane, gmask);
+  stripe_word(acc, v[15], 192 - 64 - 7, lane, gmask);
+  const uint64_t partner = __shfl_xor_sync(gmask, acc, 1, 8);
+  uint64_t r = 0;
+  if ((lane & 1) == 0)
+    r = fold64(acc ^ sec64(11 + 8 * lane), partner ^ sec64(11 + 8 * lane + 8));
+  r += __shfl_xor_sync(gmask, r, 2, 8);
+  r += __shfl_xor_sync(gmask, r, 4, 8);
+  r = __shfl_sync(gmask, r, 0, 8);
+  return avalanche(len * P64_1 + r);
+}
+
 /* Format 2: the XXH3-64 of piece b of section first + blockIdx.y into
  * dig[blockIdx.y * per + b]; 16 groups of 8 lanes per CTA, one piece each. */
-__global__ void pieces_kernel(const uint8_t *payload, uint32_t first, uint64_t per,
-                              uint64_t *dig) {
+/* Whether a section of the device table lies inside the payload and within
+ * `per` pieces. The host checked its own copy of the header; the device's
+ * table may differ (a caller-supplied header copy, or a flip after the copy):
+ * such a section is not read, and verify reports it as a mismatch. */
+__device__ __forceinline__ bool section_fits(uint64_t off, uint64_t n, uint64_t len,
+                                             uint64_t per) {
+  return off <= len && n <= len - off && n <= per * KVT_PL_CHECKSUM_BLOCK;
+}
+
+__global__ void __launch_bounds__(128) pieces_kernel(const uint8_t *payload, uint64_t len,
+                                                     uint32_t first, uint64_t per,
+                                                     uint64_t *dig) {
   const uint64_t b = (uint64_t)blockIdx.x * 16 + threadIdx.x / 8;
   const int lane = threadIdx.x & 7;
   const unsigned gmask = 0xFFu << (threadIdx.x & 24);
@@ -66,18 +128,20 @@ __global__ void pieces_kernel(const uint8_t *payload, uint32_t first, uint64_t p
   const uint64_t off = kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET);
   const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
   const uint64_t start = b * KVT_PL_CHECKSUM_BLOCK;
-  if (b >= per || (b > 0 && start >= n)) /* the group's 8 lanes leave together */
+  /* the group's 8 lanes leave together */
+  if (b >= per || (b > 0 && start >= n) || !section_fits(off, n, len, per))
     return;
-  const uint64_t len = n - start < KVT_PL_CHECKSUM_BLOCK ? n - start : KVT_PL_CHECKSUM_BLOCK;
-  const uint64_t h = group_hash(payload + off + start, len, lane, gmask);
+  const uint64_t take = n - start < KVT_PL_CHECKSUM_BLOCK ? n - start : KVT_PL_CHECKSUM_BLOCK;
+  const uint64_t h = piece_hash(payload + off + start, take, lane, gmask);
   if (lane == 0)
     dig[(uint64_t)blockIdx.y * per + b] = h; /* little-endian, as the format's digests */
 }
 
 /* Format 2: one group of 8 lanes per section hashes its pieces' digests into
  * the section checksum: write (seal) or compare (verify). */
-__global__ void combine_kernel(uint8_t *payload, uint32_t first, uint32_t count, uint64_t per,
-                               const uint64_t *dig, int write, kvt_gpu_status *st) {
+__global__ void combine_kernel(uint8_t *payload, uint64_t len, uint32_t first, uint32_t count,
+                               uint64_t per, const uint64_t *dig, int write,
+                               kvt_gpu_status *st) {
   const uint32_t g = (blockIdx.x * blockDim.x + threadIdx.x) / 8;
   const int lane = threadIdx.x & 7;
   const unsigned gmask = 0xFFu << (threadIdx.x & 24);
@@ -86,6 +150,11 @@ __global__ void combine_kernel(uint8_t *payload, uint32_t first, uint32_t count,
   const uint32_t i = first + g;
   uint8_t *e = payload + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
   const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
+  if (!section_fits(kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET), n, len, per)) {
+    if (lane == 0 && !write)
+      atomicMin(&st->bad_section, i);
+    return;
+  }
   const uint64_t pieces = n ? (n + KVT_PL_CHECKSUM_BLOCK - 1) / KVT_PL_CHECKSUM_BLOCK : 1;
   const uint64_t h = group_hash(reinterpret_cast<const uint8_t *>(dig + (uint64_t)g * per),
                                 8 * pieces, lane, gmask);
@@ -107,40 +176,40 @@ extern "C" uint64_t kvt_gpurt_digest_words(uint32_t count, uint64_t max_stored) 
 }
 
 /* Section checksums of sections [first, first + count): written or compared. */
-static int hash_sections(uint8_t *payload, uint32_t first, uint32_t count, unsigned major,
-                         uint64_t max_stored, uint64_t *dig, int write, kvt_gpu_status *st,
-                         cudaStream_t s) {
+static int hash_sections(uint8_t *payload, uint64_t len, uint32_t first, uint32_t count,
+                         unsigned major, uint64_t max_stored, uint64_t *dig, int write,
+                         kvt_gpu_status *st, cudaStream_t s) {
   if (major < 2) {
     const unsigned blocks = (count * 8 + 127) / 128;
-    sections_hash_kernel<<<blocks, 128, 0, s>>>(payload, first, count, write, st);
+    sections_hash_kernel<<<blocks, 128, 0, s>>>(payload, len, first, count, write, st);
     return (int)cudaGetLastError();
   }
   const uint64_t per = pieces_per(max_stored);
-  pieces_kernel<<<dim3((unsigned)((per + 15) / 16), count), 128, 0, s>>>(payload, first, per,
-                                                                        dig);
-  combine_kernel<<<(count * 8 + 127) / 128, 128, 0, s>>>(payload, first, count, per, dig, write,
-                                                         st);
+  const dim3 grid((unsigned)((per + 15) / 16), count);
+  pieces_kernel<<<grid, 128, 0, s>>>(payload, len, first, per, dig);
+  combine_kernel<<<(count * 8 + 127) / 128, 128, 0, s>>>(payload, len, first, count, per, dig,
+                                                         write, st);
   return (int)cudaGetLastError();
 }
 
-extern "C" int kvt_gpurt_seal(uint8_t *payload, uint32_t sections, uint64_t header_size,
-                              unsigned major, uint64_t max_stored, uint64_t *digests,
-                              void *stream) {
+extern "C" int kvt_gpurt_seal(uint8_t *payload, uint64_t len, uint32_t sections,
+                              uint64_t header_size, unsigned major, uint64_t max_stored,
+                              uint64_t *digests, void *stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  int e = hash_sections(payload, 0, sections, major, max_stored, digests, 1, nullptr, st);
+  int e = hash_sections(payload, len, 0, sections, major, max_stored, digests, 1, nullptr, st);
   if (e)
     return e;
   header_hash_kernel<<<1, 8, 0, st>>>(payload, header_size);
   return (int)cudaGetLastError();
 }
 
-extern "C" int kvt_gpurt_verify(const uint8_t *payload, uint32_t first, uint32_t count,
-                                unsigned major, uint64_t max_stored, uint64_t *digests,
-                                kvt_gpu_status *status, void *stream) {
+extern "C" int kvt_gpurt_verify(const uint8_t *payload, uint64_t len, uint32_t first,
+                                uint32_t count, unsigned major, uint64_t max_stored,
+                                uint64_t *digests, kvt_gpu_status *status, void *stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaMemsetAsync(&status->bad_section, 0xFF, sizeof(uint32_t), st);
   if (e != cudaSuccess)
     return (int)e;
-  return hash_sections(const_cast<uint8_t *>(payload), first, count, major, max_stored, digests,
-                       0, status, st);
+  return hash_sections(const_cast<uint8_t *>(payload), len, first, count, major, max_stored,
+                       digests, 0, status, st);
 }

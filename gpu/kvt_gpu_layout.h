@@ -180,13 +180,16 @@ int kvt_gpurt_stream_wait(void *stream, void *event);
  * then the header checksum (its field zero) into the header. Format 2 needs
  * `digests`: device scratch of kvt_gpurt_digest_words(sections, max_stored)
  * words, max_stored the largest section's stored bytes. */
-int kvt_gpurt_seal(uint8_t *payload, uint32_t sections, uint64_t header_size, unsigned major,
-                   uint64_t max_stored, uint64_t *digests, void *stream);
+int kvt_gpurt_seal(uint8_t *payload, uint64_t len, uint32_t sections, uint64_t header_size,
+                   unsigned major, uint64_t max_stored, uint64_t *digests, void *stream);
 /* Compares the checksums of sections [first, first+count) with the table;
  * the lowest mismatching section goes to st->bad_section (~0 if none).
- * digests as for kvt_gpurt_seal, for count sections. */
-int kvt_gpurt_verify(const uint8_t *payload, uint32_t first, uint32_t count, unsigned major,
-                     uint64_t max_stored, uint64_t *digests, kvt_gpu_status *st, void *stream);
+ * digests as for kvt_gpurt_seal, for count sections. A section of the device
+ * table outside the payload's len bytes (or over max_stored) is not read and
+ * counts as a mismatch. */
+int kvt_gpurt_verify(const uint8_t *payload, uint64_t len, uint32_t first, uint32_t count,
+                     unsigned major, uint64_t max_stored, uint64_t *digests, kvt_gpu_status *st,
+                     void *stream);
 /* Words of digest scratch for count sections of at most max_stored bytes. */
 uint64_t kvt_gpurt_digest_words(uint32_t count, uint64_t max_stored);
 /* Launches the store (with its layer-scale pre-pass when the spec needs one,

@@ -118,6 +118,38 @@ static int simd_paths(int out[2]) {
   return 1;
 }
 
+/* Today's format has its own golden files, one for every case of the
+ * oldest format: otherwise every file would take the decoded-bytes path of
+ * test_golden_reencoding_gives_identical_bytes and nothing would pin the
+ * writer's bytes. */
+static void test_golden_todays_format_has_files_for_every_case(void **state) {
+  (void)state;
+  char prefix[16];
+  snprintf(prefix, sizeof(prefix), "v%d_", KVT_FORMAT_VERSION);
+  size_t mine = 0;
+  for (size_t i = 0; i < n_cases; i++) {
+    size_t len;
+    uint8_t *buf = load_case(&cases[i], &len);
+    const unsigned major = len >= 10 ? (unsigned)buf[8] | (unsigned)buf[9] << 8 : 0;
+    free(buf);
+    if (major == KVT_FORMAT_VERSION) {
+      mine++;
+      continue;
+    }
+    if (KVT_FORMAT_VERSION < 2 || strncmp(cases[i].name, "v", 1) == 0)
+      continue; /* a prefixed file of an intermediate format */
+    int found = 0;
+    for (size_t j = 0; j < n_cases && !found; j++)
+      found = strncmp(cases[j].name, prefix, strlen(prefix)) == 0 &&
+              strcmp(cases[j].name + strlen(prefix), cases[i].name) == 0;
+    if (!found)
+      fail_msg("%s (format %u) has no %s%s: run make_golden for format %d", cases[i].name, major,
+               prefix, cases[i].name, KVT_FORMAT_VERSION);
+  }
+  if (mine == 0)
+    fail_msg("no golden file of format %d", KVT_FORMAT_VERSION);
+}
+
 static void test_golden_manifest_names_every_file(void **state) {
   (void)state;
   DIR *d = opendir(golden_dir);
@@ -275,6 +307,7 @@ static void test_golden_reencoding_gives_identical_bytes(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_golden_todays_format_has_files_for_every_case),
       cmocka_unit_test(test_golden_manifest_names_every_file),
       cmocka_unit_test(test_golden_payloads_verify_and_match_manifest),
       cmocka_unit_test(test_golden_payloads_decode_to_recorded_bytes),

@@ -6,7 +6,8 @@
  * current vLLM in each of its six KVCacheLayouts, FlashInfer NHD and HND,
  * separate K/V buffers), bf16 and fp16, block sizes 16, 64, 128.
  * Stores into device memory (checksums by the GPU's XXH3) give the same
- * bytes; loads of device payloads are checked on the GPU. The golden payloads
+ * bytes; loads of device payloads are checked on the GPU (their section
+ * checksums computed there). The golden payloads
  * (tests/golden) load to kvt_decode's values and their inputs store to their
  * exact bytes. Bad payloads are refused. Label gpu: skips (77) without a
  * CUDA build or device; built without CUDA it first checks the calls return
@@ -805,10 +806,10 @@ static void test_gpu_load_rejects_bad_payloads(void **state) {
 /* Format 2's checksums on the GPU: a payload stored into device memory and
  * sealed by the GPU's piecewise checksum kernels is byte for byte the CPU
  * encoder's; then, per preset, single-bit flips at sampled positions of the
- * header, the section table and the section bodies (sections of 16 and more
- * 4 KiB pieces) are each refused by a checked load of the device payload.
- * Flips in the zero padding between sections are not read by any load and
- * must load the exact values. */
+ * header, the section table and the section bodies (sections of 10 to 32
+ * whole 4 KiB pieces; run_combo's odd shapes cover partial last pieces) are
+ * each refused by a checked load of the device payload. Flips in the zero
+ * padding between sections are not read by any load and must load. */
 static void test_gpu_device_payload_bit_flips_are_caught(void **state) {
   (void)state;
   const shape s = {2, 256, 4, 64};
@@ -872,6 +873,56 @@ static void test_gpu_device_payload_bit_flips_are_caught(void **state) {
   }
   print_message("%d single-bit flips of device payloads, %d of them in padding\n", flips,
                 padding);
+}
+
+/* A raw section of 8 MiB (2048 pieces: the combine step hashes 16 KiB of
+ * digests), sealed on the GPU, equals the host-sealed bytes and loads
+ * checked; a flip in its first 512 KiB is refused. Then a device table that
+ * disagrees with the header copy the caller passes (a section size past the
+ * payload) is a checksum mismatch, not a read outside the payload. */
+static void test_gpu_device_payload_large_section_and_foreign_table(void **state) {
+  (void)state;
+  const shape s = {1, 4096, 8, 128};
+  fixture f;
+  fixture_make(&f, "raw", &s);
+  uint8_t *dpay, *back = malloc(f.len);
+  CUDA_OK(cudaMalloc((void **)&dpay, f.len));
+  size_t dlen = 0;
+  assert_int_equal(kvt_gpu_store(f.L, &f.sp, dpay, f.len, &dlen, stream), 0);
+  CUDA_OK(cudaMemcpy(back, dpay, f.len, cudaMemcpyDeviceToHost));
+  assert_int_equal(dlen, f.len);
+  assert_memory_equal(back, f.pay, f.len);
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = f.sp.tokens;
+  lp.slots = f.dslots;
+  assert_int_equal(kvt_gpu_load(f.L, dpay, f.len, &lp, stream), 0);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  kvt_section_info si;
+  assert_int_equal(kvt_payload_section(ctx, back, f.len, 0, &si), 0);
+  assert_true(si.stored_size == 8u << 20);
+  const uint8_t flipped = (uint8_t)(back[si.offset + 1000] ^ 0x20);
+  CUDA_OK(cudaMemcpy(dpay + si.offset + 1000, &flipped, 1, cudaMemcpyHostToDevice));
+  assert_int_equal(kvt_gpu_load(f.L, dpay, f.len, &lp, stream), KVT_ECHECKSUM);
+  CUDA_OK(cudaMemcpy(dpay + si.offset + 1000, &back[si.offset + 1000], 1,
+                     cudaMemcpyHostToDevice));
+  /* The caller's header copy is the good one; the device's table says
+   * section 1 runs far past the payload. */
+  kvt_payload_info info;
+  assert_int_equal(kvt_payload_parse(ctx, back, f.len, &info), 0);
+  lp.header = back;
+  lp.header_len = info.header_size;
+  assert_int_equal(kvt_gpu_load(f.L, dpay, f.len, &lp, stream), 0);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  uint8_t huge[8];
+  for (int i = 0; i < 8; i++)
+    huge[i] = 0x7F;
+  CUDA_OK(cudaMemcpy(dpay + 128 + 48 + 16, huge, 8, cudaMemcpyHostToDevice)); /* entry 1 size */
+  assert_int_equal(kvt_gpu_load(f.L, dpay, f.len, &lp, stream), KVT_ECHECKSUM);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaGetLastError()); /* no fault: the context still works */
+  cudaFree(dpay);
+  free(back);
+  fixture_free(&f);
 }
 
 static void test_gpu_load_refuses_other_shapes_and_lossless_sections(void **state) {
@@ -1086,6 +1137,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_store_and_load_match_cpu_codec_odd_shapes),
       cmocka_unit_test(test_gpu_load_rejects_bad_payloads),
       cmocka_unit_test(test_gpu_device_payload_bit_flips_are_caught),
+      cmocka_unit_test(test_gpu_device_payload_large_section_and_foreign_table),
       cmocka_unit_test(test_gpu_load_from_memory_tier_loans_in_place),
       cmocka_unit_test(test_gpu_load_refuses_other_shapes_and_lossless_sections),
       cmocka_unit_test(test_gpu_store_refuses_nonfinite_and_out_of_range),

@@ -539,6 +539,33 @@ static void test_serde_section_checksum_hashes_4k_pieces(void **state) {
   }
 }
 
+/* kvt_hash64_blocks, the CPU's streaming form (digests batched 128 at a
+ * time), against the definition at the batch's edges and the pieces'. */
+static void test_serde_blockwise_hash_matches_its_definition_at_every_edge(void **state) {
+  (void)state;
+  static const size_t sizes[] = {1, 240, 241, 4095, 4096, 4097, 8192, 127 * 4096 + 1,
+                                 128 * 4096 - 1, 128 * 4096, 128 * 4096 + 1, 129 * 4096 + 1,
+                                 256 * 4096 + 5};
+  const size_t max = 256 * 4096 + 5;
+  uint8_t *b = malloc(max);
+  assert_non_null(b);
+  for (size_t i = 0; i < max; i++)
+    b[i] = (uint8_t)(i * 2654435761u >> 13);
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+    const uint64_t want = pieces_checksum(b, sizes[i]);
+    if (kvt_hash64_blocks(b, sizes[i], 4096) != want ||
+        kvt_section_checksum(2, b, sizes[i]) != want)
+      fail_msg("%zu bytes: blockwise hash %016" PRIx64 ", definition %016" PRIx64, sizes[i],
+               kvt_hash64_blocks(b, sizes[i], 4096), want);
+    assert_int_equal(kvt_section_checksum(1, b, sizes[i]), kvt_hash64(b, sizes[i]));
+  }
+  /* A change in the first 512 KiB of a longer section changes the hash. */
+  const uint64_t h = kvt_hash64_blocks(b, 129 * 4096 + 1, 4096);
+  b[100] ^= 1;
+  assert_true(kvt_hash64_blocks(b, 129 * 4096 + 1, 4096) != h);
+  free(b);
+}
+
 /* The version selects the rule: a 2.0 payload relabelled 1.0 (header
  * resealed) fails its section checksums, and a 1.0 payload's whole-section
  * checksums verify. */
@@ -616,6 +643,7 @@ int main(void) {
       cmocka_unit_test(test_serde_decode_rejects_bad_zstd_stream_with_valid_checksums),
       cmocka_unit_test(test_serde_payload_section_reports_the_table),
       cmocka_unit_test(test_serde_section_checksum_hashes_4k_pieces),
+      cmocka_unit_test(test_serde_blockwise_hash_matches_its_definition_at_every_edge),
       cmocka_unit_test(test_serde_version_selects_the_section_checksum),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

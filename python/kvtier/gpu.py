@@ -485,7 +485,7 @@ class PagedKV:
         (STAGING_DEFAULT; 0 for none: the kernel then reads host memory).
     store_handles: how many stores may be in flight at once (each holds a
         small device status word): their host-side sealing (the payload's
-        XXH3 checksums, bound by one CPU core each) runs in parallel in
+        section checksums, bound by one CPU core each) runs in parallel in
         store_many().
     load_handles: how many loads may be launched at once from different
         threads, each with its own staging_bytes of device memory and copy
@@ -772,8 +772,8 @@ class PagedKV:
 
         payload: a PinnedBuffer or pinned host tensor (checked on the host
             before launch: header, key, fingerprint, every loaded section's
-            XXH3), or a CUDA uint8 tensor (header checked on the host,
-            sections' XXH3 on the GPU, waiting for the stream).
+            checksum), or a CUDA uint8 tensor (header checked on the host,
+            sections' checksums on the GPU, waiting for the stream).
         length: the payload's bytes at the start of the buffer (default: the
             whole buffer).
         block_ids, num_tokens: the destination, as store_async(); the token
@@ -837,7 +837,7 @@ class PagedKV:
                   stream: Any = None) -> Transfer:
         """Loads several payloads (payloads[i], lengths[i] bytes, into
         block_ids[i], expecting keys[i]) on one stream. Host payloads are
-        verified (every section's XXH3, kvtier.verify) on `threads` host
+        verified (every section's checksum, kvtier.verify) on `threads` host
         threads while the ones before them load, each launched as soon as it
         and those before it are verified; device payloads are checked on the
         GPU. Returns one Transfer for all. Raises the first Error (a damaged,

@@ -101,7 +101,7 @@ class CudaDevice:
             buf = self._pinned(payload.size)
             buf[:payload.size] = payload
             payload = buf[:payload.size]
-        # Every section's XXH3 is checked here, on this thread, before the
+        # Every section's checksum is checked here, on this thread, before the
         # load is launched with trust=True: the handle serializes its calls,
         # so a check inside kvt_gpu_load would let one thread check at a time.
         # kvt_gpu_load still checks the header, key, fingerprint and shape.

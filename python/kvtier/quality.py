@@ -375,6 +375,21 @@ def svg_plot(rows: Sequence[Row], path: str) -> None:
         f.write("\n".join(el) + "\n")
 
 
+def split_codecs(text: str) -> List[str]:
+    """A --codecs list: presets and specs separated by commas, where a spec's
+    own options ("int4,group=64", "k=i4,v=i4,group=16") stay with it: a part
+    holding '=' belongs to the spec before it unless it starts one ("k=")."""
+    out: List[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if out and "=" in part and not part.startswith("k="):
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from .codec import PRESETS
 
@@ -384,7 +399,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--text", action="append", help="a text file (repeatable; default: "
                     "Newton's Opticks from apache-tvm-ffi, then Debian's GPL-3)")
     ap.add_argument("--codecs", default=",".join(PRESETS), help="comma-separated presets or "
-                    "specs (default: every preset)")
+                    "specs, a spec with its options: int4,group=64,k16v8 (default: every "
+                    "preset)")
     ap.add_argument("--prefix", default="512,2048", help="prefix lengths P, comma-separated")
     ap.add_argument("--score", type=int, default=256, help="tokens scored after each prefix")
     ap.add_argument("--windows", type=int, default=2, help="windows per prefix")
@@ -403,7 +419,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .codec import CodecSpec
     from .errors import Error
 
-    codecs = [c for c in a.codecs.split(",") if c]
+    codecs = split_codecs(a.codecs)
     for c in codecs:
         try:
             CodecSpec(c)

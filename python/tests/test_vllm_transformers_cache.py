@@ -321,3 +321,15 @@ def test_quality_refuses_overlapping_windows(model) -> None:
         quality.measure(model, np.asarray(_ids(60)[0]), codecs=["int4"], prefixes=[32],
                         score=16, windows=4, chunk=CHUNK, variants=["kv"], generate=0,
                         dram="16MiB")
+
+
+@pytest.mark.parametrize("text, codecs", [
+    ("raw,k16v8", ["raw", "k16v8"]),
+    ("int4,int4,group=64,int4,kgroup=dim", ["int4", "int4,group=64", "int4,kgroup=dim"]),
+    ("k=i4,v=i4,group=16,k16v8", ["k=i4,v=i4,group=16", "k16v8"]),
+])
+def test_quality_codec_lists_keep_each_specs_options(text, codecs) -> None:
+    # A plain split on commas cut "int4,group=64" into "int4" and "group=64".
+    from kvtier import quality
+
+    assert quality.split_codecs(text) == codecs

@@ -244,29 +244,17 @@ def attn_decode(torch, kv, fmt, K, V, q, pos, bs=16, gen=None):
     """kvt_attn_decode over a cache of format fmt filled by kvt_attn_append from
     K, V [T, H, D] (pages shuffled); one sequence per query, sharing the pages."""
     sys.path.insert(0, HERE)
-    from attn_harness import AttnCache, AppendParams, DecodeParams, stream_ptr
+    from attn_harness import DecodeParams, build_cache, stream_ptr
     L = kv.lib
     T, H, D = K.shape
     NQ, Hq, _ = q.shape
     nb = T // bs
-    rows = nb * bs * H
-    c = AttnCache(ctypes.sizeof(AttnCache), fmt, 1, nb, bs, H, D)
-    bufs = {}
-    for name, isv in (("k", 0), ("v", 1)):
-        bufs[name] = torch.empty(rows * L.kvt_attn_row_bytes(fmt, D, isv), dtype=torch.uint8,
-                                 device="cuda")
-        setattr(c, name, bufs[name].data_ptr())
-        sb = L.kvt_attn_scale_bytes(fmt, D, isv)
-        if sb:
-            bufs[name + "s"] = torch.empty(rows * sb, dtype=torch.uint8, device="cuda")
-            setattr(c, name + "_scale", bufs[name + "s"].data_ptr())
     table_row = torch.randperm(nb, generator=gen).to(torch.int32).cuda()
     t = torch.arange(T, device="cuda")
     slots = (table_row.long()[t // bs] * bs + t % bs).contiguous()
-    a = AppendParams(ctypes.sizeof(AppendParams), T, K.data_ptr(), V.data_ptr(),
-                     slots.data_ptr())
-    kv.check(L.kvt_attn_append(kv.ctx, ctypes.byref(c), ctypes.byref(a), stream_ptr()),
-             "kvt_attn_append")
+    # the harness's cache builder takes [batch, heads, tokens, dim]: one sequence
+    c, bufs, _ = build_cache(kv, fmt, 1, T, H, D, bs, K.permute(1, 0, 2)[None],
+                             V.permute(1, 0, 2)[None], slots)
     table = table_row[None, :].expand(NQ, nb).contiguous()
     lens = (pos + 1).to(torch.int32).contiguous()
     out = torch.empty(NQ, Hq, D, dtype=torch.bfloat16, device="cuda")

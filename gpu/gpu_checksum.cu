@@ -97,14 +97,7 @@ __device__ uint64_t piece_hash(const uint8_t *in, uint64_t len, int lane, unsign
     if (n < stripes)
       stripe_word(acc, v[n], 8 * n, lane, gmask);
   stripe_word(acc, v[15], 192 - 64 - 7, lane, gmask);
-  const uint64_t partner = __shfl_xor_sync(gmask, acc, 1, 8);
-  uint64_t r = 0;
-  if ((lane & 1) == 0)
-    r = fold64(acc ^ sec64(11 + 8 * lane), partner ^ sec64(11 + 8 * lane + 8));
-  r += __shfl_xor_sync(gmask, r, 2, 8);
-  r += __shfl_xor_sync(gmask, r, 4, 8);
-  r = __shfl_sync(gmask, r, 0, 8);
-  return avalanche(len * P64_1 + r);
+  return finish_long(acc, len, lane, gmask);
 }
 
 /* Format 2: the XXH3-64 of piece b of section first + blockIdx.y into

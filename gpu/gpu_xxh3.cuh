@@ -164,6 +164,21 @@ template <int B> __device__ __forceinline__ void blocks(uint64_t &acc, const uin
   }
 }
 
+/* The end of a long hash: the 8 accumulators merged into the hash, which
+ * every lane of the group gets. */
+__device__ __forceinline__ uint64_t finish_long(uint64_t acc, uint64_t len, int lane,
+                                                unsigned gmask) {
+  /* merge: pairs (2i, 2i+1) */
+  const uint64_t partner = __shfl_xor_sync(gmask, acc, 1, 8);
+  uint64_t r = 0;
+  if ((lane & 1) == 0)
+    r = fold64(acc ^ sec64(11 + 8 * lane), partner ^ sec64(11 + 8 * lane + 8));
+  r += __shfl_xor_sync(gmask, r, 2, 8);
+  r += __shfl_xor_sync(gmask, r, 4, 8);
+  r = __shfl_sync(gmask, r, 0, 8);
+  return avalanche(len * P64_1 + r);
+}
+
 /* len > 240: a group of 8 lanes (lane = its index in the group); every lane
  * gets the hash. */
 __device__ uint64_t hash_long(const uint8_t *in, uint64_t len, int lane, unsigned gmask) {
@@ -194,15 +209,7 @@ __device__ uint64_t hash_long(const uint8_t *in, uint64_t len, int lane, unsigne
     if (n < stripes)
       stripe_word(acc, t[n], 8 * n, lane, gmask);
   stripe_word(acc, last, 192 - 64 - 7, lane, gmask);
-  /* merge: pairs (2i, 2i+1) */
-  const uint64_t partner = __shfl_xor_sync(gmask, acc, 1, 8);
-  uint64_t r = 0;
-  if ((lane & 1) == 0)
-    r = fold64(acc ^ sec64(11 + 8 * lane), partner ^ sec64(11 + 8 * lane + 8));
-  r += __shfl_xor_sync(gmask, r, 2, 8);
-  r += __shfl_xor_sync(gmask, r, 4, 8);
-  r = __shfl_sync(gmask, r, 0, 8);
-  return avalanche(len * P64_1 + r);
+  return finish_long(acc, len, lane, gmask);
 }
 
 } // namespace kvt_xxh3

@@ -27,15 +27,25 @@ static const char gpu_help[] =
     "  zcopy, staged     the same load forced to read host memory from the kernel\n"
     "                    (KVT_GPU_LOAD_ZERO_COPY) or to be staged (KVT_GPU_LOAD_STAGED),\n"
     "                    as ratios to H2D\n"
-    "  store             kvt_gpu_store_async into pinned host payloads (kernel)\n"
-    "and on the host: verify (kvt_payload_verify, the load's checksum cost) and\n"
-    "seal (kvt_gpu_store_finish's checksums). Reports medians: payload GB/s, the\n"
-    "ratio to memcpy, and restored 16-bit KV GB/s (raw K+V bytes / load time).\n"
+    "  gpu-vfy           a verified load, the checksums computed on the GPU as the\n"
+    "                    bytes move (kvt_gpu_load_params.verdict): wall time from the\n"
+    "                    first call to the last verdict checked after the stream\n"
+    "  host-vfy          a verified load without a verdict: the checksums on the\n"
+    "                    host before each launch; wall time\n"
+    "  store             a sealed store, end to end: kvt_gpu_store_async and\n"
+    "                    kvt_gpu_store_finish per payload into pinned host memory\n"
+    "                    (staged and sealed on the GPU); wall time\n"
+    "and on the host: verify (kvt_payload_verify, what a tier's check costs).\n"
+    "Reports medians: payload GB/s, the ratio to memcpy, and restored 16-bit KV\n"
+    "GB/s (raw K+V bytes / load time).\n"
     "Then the HBM case, payloads in device memory, as GB/s of bytes read and\n"
     "written against cudaMemcpyAsync device-to-device of the payload bytes:\n"
     "load (KVT_GPU_LOAD_TRUST_DEVICE, with the host copy of the header that a\n"
-    "caller keeps: kvt_gpu_load_params.header), checked load (GPU XXH3 of the sections\n"
-    "first; host wall time, it waits), and store (kernel + GPU checksums).\n"
+    "caller keeps: kvt_gpu_load_params.header), checked load (GPU checksums of\n"
+    "the sections first, then the load; host wall time, it waits), gpu-vfy (with\n"
+    "verdicts: the same kernels, the load gated on their outcome on the GPU, no\n"
+    "wait between; wall time to the last verdict), and store (kernel + GPU\n"
+    "checksums).\n"
     "\n"
     "Options:\n"
     "  --iters N       timed iterations per measurement (5), after one warm-up\n"
@@ -94,6 +104,7 @@ typedef struct gbench {
   void *dev;      /* memcpy target: one payload */
   uint8_t *hbm;   /* device memory: 8 payloads of up to `each` bytes (the HBM case) */
   uint8_t *hdr;   /* host: their headers, HDR_COPY bytes each */
+  kvt_gpu_verdict *verdicts; /* pinned: one per payload */
   uint32_t iters;
 } gbench;
 
@@ -191,6 +202,9 @@ static int setup(gbench *g) {
       (rc = cu(cudaMalloc(&g->dev, g->each), "cudaMalloc payload")) ||
       (rc = cu(cudaMalloc((void **)&g->hbm, 8 * g->each), "cudaMalloc HBM payloads")))
     return rc;
+  if ((rc = cu(cudaHostAlloc((void **)&g->verdicts, 8 * sizeof(kvt_gpu_verdict),
+                             cudaHostAllocMapped), "cudaHostAlloc verdicts")))
+    return rc;
   if (!(g->hdr = malloc(8 * HDR_COPY))) {
     cli_error("bench gpu: out of memory");
     return CLI_EFAIL;
@@ -207,15 +221,17 @@ static void teardown(gbench *g) {
   cudaFree(g->hbm);
   free(g->hdr);
   cudaFreeHost(g->pin);
+  cudaFreeHost(g->verdicts);
   if (g->st)
     cudaStreamDestroy(g->st);
   kvt_ctx_destroy(g->ctx);
 }
 typedef struct grow {
   uint64_t bytes, raw; /* payload and 16-bit K+V bytes of one measurement */
-  double h2d, d2h, load, store, verify, seal; /* medians, seconds */
-  double hstore, hload, hload_checked, d2d;    /* payloads in device memory */
+  double h2d, d2h, load, store, verify, load_host; /* medians, seconds */
+  double hstore, hload, hload_checked, d2d;         /* payloads in device memory */
   double load_zc, load_st; /* load with KVT_GPU_LOAD_ZERO_COPY, KVT_GPU_LOAD_STAGED */
+  double load_gpu, hload_gpu; /* verified on the GPU (a verdict): pinned, device */
 } grow;
 
 static double ev_seconds(gbench *g) {
@@ -233,9 +249,36 @@ static void warm(gbench *g, size_t n) {
                   g->st);
 }
 
+/* Wall time of loading the n payloads at base (stride g->each) with
+ * verdicts, waiting for the stream and checking every verdict: a load
+ * verified on the GPU, end to end. */
+static int load_verified(gbench *g, const gsize *z, const kvt_gpu_store_params *sp,
+                         const size_t *len, uint8_t *base, double *t) {
+  int rc = 0;
+  warm(g, len[0]);
+  cudaStreamSynchronize(g->st);
+  const double t0 = cli_now();
+  for (uint32_t j = 0; j < z->payloads && !rc; j++) {
+    kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+    lp.tokens = z->tokens;
+    lp.slots = sp[j].slots;
+    lp.verdict = &g->verdicts[j];
+    rc = kvt_gpu_load(g->L, base + j * g->each, len[j], &lp, g->st);
+  }
+  if (rc)
+    return kv_fail(g, "load verified on the GPU", rc);
+  if ((rc = cu(cudaStreamSynchronize(g->st), "load verified on the GPU")))
+    return rc;
+  for (uint32_t j = 0; j < z->payloads && !rc; j++)
+    rc = kvt_gpu_verdict_check(g->L, &g->verdicts[j]);
+  *t = cli_now() - t0;
+  return rc ? kv_fail(g, "verdict", rc) : 0;
+}
+
 /* The HBM case: store into device memory (store kernel + GPU checksums),
  * load from it trusted and checked (the checked load waits for its checksum
- * kernel), and a device-to-device memcpy of the payload bytes; t[4]. */
+ * kernel), and a device-to-device memcpy of the payload bytes: t[0..3]; and
+ * loaded verified on the GPU with verdicts: t[5]. */
 static int iterate_hbm(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *len,
                        double *t) {
   int rc = 0;
@@ -260,6 +303,8 @@ static int iterate_hbm(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size
                        cudaMemcpyDeviceToHost), "header copy");
   }
   if (rc)
+    return rc;
+  if ((rc = load_verified(g, z, sp, len, g->hbm, &t[5])))
     return rc;
   for (int checked = 0; checked < 2; checked++) {
     warm(g, len[0]);
@@ -293,24 +338,22 @@ static int iterate_hbm(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size
 }
 
 
-/* One iteration of every measurement over z->payloads payloads; t[12]. */
+/* One iteration of every measurement over z->payloads payloads; t[14]. */
 static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *len,
                    double *t) {
   int rc = 0;
   const uint32_t n = z->payloads;
-  cudaEventRecord(g->e0, g->st);
-  for (uint32_t j = 0; j < n && !rc; j++)
-    rc = kvt_gpu_store_async(g->L, &sp[j], g->pin + j * g->each, g->each, &len[j], g->st);
-  cudaEventRecord(g->e1, g->st);
-  if (rc)
-    return kv_fail(g, "store", rc);
-  t[4] = ev_seconds(g);
+  /* A sealed store, end to end: the async call and finish per payload (the
+   * handle takes one store at a time), wall time. */
+  cudaStreamSynchronize(g->st);
   double t0 = cli_now();
   for (uint32_t j = 0; j < n && !rc; j++)
-    rc = kvt_gpu_store_finish(g->L, g->pin + j * g->each, len[j], g->st);
-  t[5] = cli_now() - t0;
+    if ((rc = kvt_gpu_store_async(g->L, &sp[j], g->pin + j * g->each, g->each, &len[j],
+                                  g->st)) == 0)
+      rc = kvt_gpu_store_finish(g->L, g->pin + j * g->each, len[j], g->st);
+  t[4] = cli_now() - t0;
   if (rc)
-    return kv_fail(g, "store finish", rc);
+    return kv_fail(g, "store", rc);
   t0 = cli_now();
   for (uint32_t j = 0; j < n && !rc; j++)
     rc = kvt_payload_verify(g->ctx, g->pin + j * g->each, len[j], NULL);
@@ -330,6 +373,22 @@ static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *
   if (rc)
     return kv_fail(g, "load", rc);
   t[2] = ev_seconds(g);
+  /* Checked loads without a verdict: the section checksums on the host
+   * before each launch (the 0.3.1 behaviour), wall time. */
+  warm(g, len[0]);
+  cudaStreamSynchronize(g->st);
+  t0 = cli_now();
+  for (uint32_t j = 0; j < n && !rc; j++) {
+    kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+    lp.tokens = z->tokens;
+    lp.slots = sp[j].slots;
+    rc = kvt_gpu_load(g->L, g->pin + j * g->each, len[j], &lp, g->st);
+  }
+  if (rc || (rc = cu(cudaStreamSynchronize(g->st), "checked load")))
+    return rc < 0 ? kv_fail(g, "checked load", rc) : rc;
+  t[5] = cli_now() - t0;
+  if ((rc = load_verified(g, z, sp, len, g->pin, &t[12])))
+    return rc;
   warm(g, len[0]);
   for (int forced = 0; forced < 2 && !rc; forced++) { /* zero copy, then staged */
     cudaEventRecord(g->e0, g->st);
@@ -360,7 +419,11 @@ static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *
   t[1] = ev_seconds(g);
   if ((rc = cu(cudaStreamSynchronize(g->st), "memcpy")))
     return rc;
-  return iterate_hbm(g, z, sp, len, t + 6);
+  double h[6] = {0};
+  if ((rc = iterate_hbm(g, z, sp, len, h)))
+    return rc;
+  t[6] = h[0], t[7] = h[1], t[8] = h[2], t[9] = h[3], t[13] = h[5];
+  return 0;
 }
 
 static int run_size(gbench *g, const char *spec_text, const gsize *z, grow *out) {
@@ -383,16 +446,17 @@ static int run_size(gbench *g, const char *spec_text, const gsize *z, grow *out)
     p.slots = g->slots + (size_t)j * z->tokens;
     sp[j] = p;
   }
-  double t[MAX_ITERS + 1][12], col[MAX_ITERS];
+  double t[MAX_ITERS + 1][14], col[MAX_ITERS];
   for (uint32_t it = 0; it <= g->iters; it++) {
     int rc = iterate(g, z, sp, len, t[it]);
     if (rc)
       return rc;
   }
-  double *m[12] = {&out->h2d,    &out->d2h,   &out->load,          &out->verify,
-                    &out->store,  &out->seal,  &out->hstore,        &out->hload,
-                    &out->hload_checked, &out->d2d, &out->load_zc, &out->load_st};
-  for (int k = 0; k < 12; k++) {
+  double *m[14] = {&out->h2d,     &out->d2h,       &out->load,   &out->verify,
+                    &out->store,   &out->load_host, &out->hstore, &out->hload,
+                    &out->hload_checked, &out->d2d, &out->load_zc, &out->load_st,
+                    &out->load_gpu, &out->hload_gpu};
+  for (int k = 0; k < 14; k++) {
     for (uint32_t it = 1; it <= g->iters; it++)
       col[it - 1] = t[it][k];
     *m[k] = median(col, g->iters);
@@ -407,30 +471,33 @@ static int run_size(gbench *g, const char *spec_text, const gsize *z, grow *out)
 static void print_hbm(const char *spec, const grow *r) {
   /* bytes read + written: payload and 16-bit KV */
   const double rw = (double)(r->bytes + r->raw) / 1e9, d2d = 2.0 * (double)r->bytes / 1e9;
-  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %8.1f %7.2f\n", spec,
+  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %8.1f %7.2f %8.1f %7.2f\n", spec,
          (double)r->bytes / (1 << 20), d2d / r->d2d, rw / r->hload,
          (rw / r->hload) / (d2d / r->d2d), rw / r->hload_checked,
-         (rw / r->hload_checked) / (d2d / r->d2d), rw / r->hstore,
+         (rw / r->hload_checked) / (d2d / r->d2d), rw / r->hload_gpu,
+         (rw / r->hload_gpu) / (d2d / r->d2d), rw / r->hstore,
          (rw / r->hstore) / (d2d / r->d2d));
 }
 
 static void print_header(const gsize *z) {
   printf("\n%s: 16-bit K+V %.1f MiB\n", z->name,
          (double)z->payloads * z->layers * z->tokens * HEADS * HDIM * 4 / (1 << 20));
-  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %7s %8s %8s\n", "preset", "payload",
-         "H2D", "load", "load/", "KV", "KV/", "zcopy/", "staged/", "D2H", "store", "store/",
-         "verify", "seal");
-  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %7s %8s %8s\n", "", "MiB", "GB/s",
-         "GB/s", "H2D", "GB/s", "H2D", "H2D", "H2D", "GB/s", "GB/s", "D2H", "GB/s", "GB/s");
+  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %7s %8s %7s %8s %8s %7s %8s\n", "preset",
+         "payload", "H2D", "load", "load/", "KV", "KV/", "zcopy/", "staged/", "gpu-vfy",
+         "gv/", "host-vfy", "hv/", "D2H", "store", "store/", "verify");
+  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %7s %8s %7s %8s %8s %7s %8s\n", "", "MiB",
+         "GB/s", "GB/s", "H2D", "GB/s", "H2D", "H2D", "H2D", "GB/s", "H2D", "GB/s", "H2D", "GB/s",
+         "GB/s", "D2H", "GB/s");
 }
 
 static void print_row(const char *spec, const grow *r) {
   const double b = (double)r->bytes / 1e9, raw = (double)r->raw / 1e9;
-  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %7.2f %7.2f %8.1f %8.1f %7.2f %8.1f %8.1f\n",
+  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %7.2f %7.2f %8.1f %7.2f %8.1f %7.2f %8.1f "
+         "%8.1f %7.2f %8.1f\n",
          spec, (double)r->bytes / (1 << 20), b / r->h2d, b / r->load, r->h2d / r->load,
          raw / r->load, (raw / r->load) / (b / r->h2d), r->h2d / r->load_zc,
-         r->h2d / r->load_st, b / r->d2h, b / r->store, r->d2h / r->store, b / r->verify,
-         b / r->seal);
+         r->h2d / r->load_st, b / r->load_gpu, r->h2d / r->load_gpu, b / r->load_host,
+         r->h2d / r->load_host, b / r->d2h, b / r->store, r->d2h / r->store, b / r->verify);
 }
 
 int cli_bench_gpu_main(int argc, char **argv) {
@@ -480,10 +547,10 @@ int cli_bench_gpu_main(int argc, char **argv) {
       if (rc)
         break;
       printf("HBM (payloads in device memory; GB/s of bytes read + written):\n");
-      printf("%-16s %9s %8s %8s %7s %8s %7s %8s %7s\n", "preset", "payload", "D2D", "load",
-             "load/", "checked", "chk/", "store", "store/");
-      printf("%-16s %9s %8s %8s %7s %8s %7s %8s %7s\n", "", "MiB", "GB/s", "GB/s", "D2D",
-             "GB/s", "D2D", "GB/s", "D2D");
+      printf("%-16s %9s %8s %8s %7s %8s %7s %8s %7s %8s %7s\n", "preset", "payload", "D2D",
+             "load", "load/", "checked", "chk/", "gpu-vfy", "gv/", "store", "store/");
+      printf("%-16s %9s %8s %8s %7s %8s %7s %8s %7s %8s %7s\n", "", "MiB", "GB/s", "GB/s",
+             "D2D", "GB/s", "D2D", "GB/s", "D2D", "GB/s", "D2D");
       for (size_t i = 0; i < N_SPECS; i++)
         print_hbm(gpu_specs[i], &r[i]);
     }

@@ -153,6 +153,10 @@ int kvt_gpu_load(kvt_gpu_layout *layout, const void *payload, size_t len,
   (void)layout, (void)payload, (void)len, (void)p, (void)stream;
   return KVT_ENOTSUP;
 }
+int kvt_gpu_verdict_check(kvt_gpu_layout *layout, const kvt_gpu_verdict *verdict) {
+  (void)layout, (void)verdict;
+  return KVT_ENOTSUP;
+}
 
 #else
 
@@ -177,6 +181,14 @@ struct kvt_gpu_layout {
   void *copy_stream, *ev_start;
   void *ev_copied[NSLOT], *ev_free[NSLOT];
   uint32_t next_slot;
+  /* Per slot, for the checksum kernels of staged stores and of loads
+   * verified on the GPU: a gate word (device [NSLOT]) and digest scratch;
+   * guarded by the slot's events like its bytes. */
+  uint32_t *gates;
+  uint64_t *slot_digests[NSLOT];
+  uint64_t slot_digest_words[NSLOT];
+  /* The pinned payload the last kvt_gpu_store_async sealed on the GPU. */
+  const void *sealed_dst;
   /* Format 2 checksums of device payloads: the pieces' digests (device
    * scratch, grown on demand; calls on one layout take turns). */
   uint64_t *digests;
@@ -287,6 +299,36 @@ static int staging_create(kvt_gpu_layout *L, const char **what) {
     if ((e = kvt_gpurt_event_create(&L->ev_copied[i])) != 0 ||
         (e = kvt_gpurt_event_create(&L->ev_free[i])) != 0)
       return e;
+  *what = "cudaMalloc of the checksum scratch";
+  if ((e = kvt_gpurt_malloc((void **)&L->gates, NSLOT * sizeof(uint32_t))) != 0)
+    return e;
+  /* A slot's pieces: one digest per 4 KiB, plus a partial piece for each of
+   * up to 2 * KVT_MAX_LAYERS sections (more only where sections differ
+   * much in size: then slot_digests grows). */
+  const uint64_t words = L->slot_bytes / KVT_PL_CHECKSUM_BLOCK + 2 * KVT_MAX_LAYERS;
+  for (int i = 0; i < NSLOT; i++) {
+    if ((e = kvt_gpurt_malloc((void **)&L->slot_digests[i], words * sizeof(uint64_t))) != 0)
+      return e;
+    L->slot_digest_words[i] = words;
+  }
+  return 0;
+}
+
+/* Digest scratch of slot for count sections of kp's shape (kp->first and
+ * kp->count the piece's layers); grows it when a piece needs more. */
+static int slot_digests(kvt_gpu_layout *L, uint32_t slot, const kvt_gpu_kparams *kp,
+                        uint64_t **out) {
+  const uint64_t need = kvt_gpurt_digest_words(2 * kp->count, max_section(kp));
+  if (need > L->slot_digest_words[slot]) {
+    kvt_gpurt_free(L->slot_digests[slot]); /* waits for the device's work */
+    L->slot_digests[slot] = NULL;
+    L->slot_digest_words[slot] = 0;
+    int e = kvt_gpurt_malloc((void **)&L->slot_digests[slot], need * sizeof(uint64_t));
+    if (e)
+      return e;
+    L->slot_digest_words[slot] = need;
+  }
+  *out = L->slot_digests[slot];
   return 0;
 }
 
@@ -349,6 +391,9 @@ void kvt_gpu_layout_destroy(kvt_gpu_layout *L) {
     kvt_gpurt_event_destroy(L->ev_free[i]);
   }
   kvt_gpurt_free(L->staging);
+  kvt_gpurt_free(L->gates);
+  for (int i = 0; i < NSLOT; i++)
+    kvt_gpurt_free(L->slot_digests[i]);
   kvt_dealloc(L->ctx, L);
 }
 
@@ -567,6 +612,90 @@ static void put_header(const kvt_gpu_store_params *p, const kvt_codec_spec *spec
   }
 }
 
+/* The bytes of the next staged piece, `left` bytes to go: half of them (at
+ * least 2 MiB), at most a slot. */
+static uint64_t piece_target(const kvt_gpu_layout *L, uint64_t left) {
+  uint64_t t = left / 2 < (2u << 20) ? (2u << 20) : left / 2;
+  return t < L->slot_bytes ? t : L->slot_bytes;
+}
+
+/* Bytes [*begin, *end) a store writes for payload-relative layer i: its K
+ * and V sections and the padding after them (none after the last). */
+static void store_span(const kvt_gpu_kparams *kp, uint32_t i, uint64_t size, uint64_t *begin,
+                       uint64_t *end) {
+  *begin = kvt_gpu_sec_offset(kp, i, 0);
+  *end = i + 1 < kp->payload_layers ? kvt_gpu_sec_offset(kp, i + 1, 0) : size;
+}
+
+/* Whether every layer of a store fits one staging slot. */
+static int store_stageable(const kvt_gpu_layout *L, const kvt_gpu_kparams *kp, uint64_t size) {
+  if (!L->staging)
+    return 0;
+  for (uint32_t i = 0; i < kp->payload_layers; i++) {
+    uint64_t b, e;
+    store_span(kp, i, size, &b, &e);
+    if (e - b > L->slot_bytes)
+      return 0;
+  }
+  return 1;
+}
+
+/* A store into pinned memory through the staging slots, in pieces of whole
+ * layers (as load_staged): the store kernel writes a piece into a slot, the
+ * checksum kernels seal its sections there (checksums into dst's table,
+ * through its device address), and the copy stream moves it to dst while
+ * the next piece is stored. The caller's stream waits for the last copy. */
+static int store_staged(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, uint8_t *dst,
+                        uint8_t *dst_dev, uint64_t size, void *stream) {
+  uint64_t left = size - kvt_gpu_sec_offset(kp, 0, 0);
+  int e = 0, rc;
+  for (uint32_t i = 0; e == 0 && i < kp->payload_layers;) {
+    uint64_t begin, end, nb, ne;
+    store_span(kp, i, size, &begin, &end);
+    const uint64_t target = piece_target(L, left);
+    uint32_t n = 1;
+    while (i + n < kp->payload_layers) {
+      store_span(kp, i + n, size, &nb, &ne);
+      if (ne - begin > target)
+        break;
+      end = ne;
+      n++;
+    }
+    const uint32_t slot = L->next_slot;
+    L->next_slot = (slot + 1) % NSLOT;
+    uint8_t *buf = L->staging + (uint64_t)slot * L->slot_bytes;
+    kvt_gpu_kparams piece = *kp;
+    piece.payload = (uint8_t *)((uintptr_t)buf - begin); /* section offsets stay the payload's */
+    piece.first = i;
+    piece.count = n;
+    if (i > 0)
+      piece.flags |= KVT_GPU_KP_KEEP_STATUS; /* the first piece's launch reset it */
+    uint64_t *dig = NULL;
+    if ((e = kvt_gpurt_stream_wait(stream, L->ev_free[slot])) != 0)
+      break;
+    if ((e = kvt_gpurt_store(&piece, stream)) != 0)
+      return cuda_fail(L->ctx, e, "store kernel launch");
+    if ((e = slot_digests(L, slot, &piece, &dig)) != 0)
+      return cuda_fail(L->ctx, e, "cudaMalloc of the checksum scratch");
+    const kvt_gpu_sections sec = {dst_dev, piece.payload, begin, end, 2 * i, 2 * n,
+                                  KVT_FORMAT_VERSION, 1, max_section(&piece), dig,
+                                  NULL, NULL, 0};
+    if ((e = kvt_gpurt_sections(&sec, stream)) != 0)
+      return cuda_fail(L->ctx, e, "checksum kernel launch");
+    if ((e = kvt_gpurt_event_record(L->ev_copied[slot], stream)) != 0 ||
+        (e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_copied[slot])) != 0 ||
+        (e = kvt_gpurt_copy_d2h_async(dst + begin, buf, end - begin, L->copy_stream)) != 0 ||
+        (e = kvt_gpurt_event_record(L->ev_free[slot], L->copy_stream)) != 0)
+      break;
+    left -= left < end - begin ? left : end - begin;
+    i += n;
+  }
+  if (e == 0 && (e = kvt_gpurt_event_record(L->ev_start, L->copy_stream)) == 0)
+    e = kvt_gpurt_stream_wait(stream, L->ev_start);
+  rc = e ? cuda_fail(L->ctx, e, "staged store (copy stream, events)") : 0;
+  return rc;
+}
+
 int kvt_gpu_store_async(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *dst, size_t cap,
                         size_t *len, void *stream) {
   if (!L)
@@ -592,8 +721,16 @@ int kvt_gpu_store_async(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *
                          p->layer_count, p->slots, dev, 0, &kp)) != 0)
     return rc;
   int e;
+  L->sealed_dst = NULL;
   if (kind == KVT_GPU_MEM_PINNED) {
     put_header(p, &spec, L->d.dtype, L->d.heads, L->d.head_dim, model_layers, &kp, size, dst);
+    if (store_stageable(L, &kp, size)) {
+      if ((rc = store_staged(L, &kp, dst, dev, size, stream)) != 0)
+        return rc;
+      L->sealed_dst = dst;
+      *len = (size_t)size;
+      return 0;
+    }
   } else { /* device memory: the header goes over in stream order */
     uint8_t *hdr = kvt_alloc(ctx, kp.header_size, 64);
     if (!hdr)
@@ -651,7 +788,9 @@ int kvt_gpu_store_finish(kvt_gpu_layout *L, void *dst_, size_t len, void *stream
   if (h.header_size != kvt_header_size(h.sections) || h.header_size > len || h.size != len)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_finish: not the payload kvt_gpu_store_async "
                     "wrote (length %zu)", len);
-  for (uint32_t i = 0; i < h.sections; i++) {
+  const int gpu_sealed = L->sealed_dst == dst;
+  L->sealed_dst = NULL;
+  for (uint32_t i = 0; i < h.sections && !gpu_sealed; i++) {
     kvt_section_info s;
     kvt_section_entry_get(dst, i, &s);
     if (s.offset + s.stored_size > len)
@@ -836,8 +975,35 @@ static int stageable(const kvt_gpu_layout *L, const kvt_gpu_kparams *kp) {
 /* Pieces of whole layers, so the copy of one overlaps the kernel of the one
  * before and only the last piece's kernel is left after the copies end.
  * Each piece costs host calls and cross-stream waits, so there are few. */
+/* What the checksum kernels of a load verified on the GPU need: the
+ * payload's table (device-accessible), its format and the verdict's device
+ * address. */
+typedef struct gpu_check {
+  uint8_t *table;
+  unsigned major;
+  uint32_t *verdict;
+} gpu_check;
+
+/* Queues the checks of piece's layers (payload bytes [lo, hi) at body + lo)
+ * on stream, gating piece's load kernels on slot's gate. */
+static int check_piece(kvt_gpu_layout *L, const gpu_check *chk, uint32_t slot,
+                       kvt_gpu_kparams *piece, const uint8_t *body, uint64_t lo, uint64_t hi,
+                       int last, void *stream) {
+  uint64_t *dig = NULL;
+  int e = chk->major >= 2 ? slot_digests(L, slot, piece, &dig) : 0;
+  if (e)
+    return cuda_fail(L->ctx, e, "cudaMalloc of the checksum scratch");
+  const kvt_gpu_sections sec = {chk->table, body, lo, hi, 2 * piece->first, 2 * piece->count,
+                                chk->major, 0, max_section(piece), dig, L->gates + slot,
+                                chk->verdict, last};
+  if ((e = kvt_gpurt_sections(&sec, stream)) != 0)
+    return cuda_fail(L->ctx, e, "checksum kernel launch");
+  piece->gate = L->gates + slot;
+  return 0;
+}
+
 static int load_staged(kvt_gpu_layout *L, const uint8_t *host, const kvt_gpu_kparams *kp,
-                       void *const *events, void *stream) {
+                       const gpu_check *chk, void *const *events, void *stream) {
   uint64_t b0, e0, b1, e1;
   layer_span(kp, kp->first, &b0, &e0);
   layer_span(kp, kp->first + kp->count - 1, &b1, &e1);
@@ -851,8 +1017,7 @@ static int load_staged(kvt_gpu_layout *L, const uint8_t *host, const kvt_gpu_kpa
     /* Half of what is left (at least 2 MiB, at most a slot): the pieces
      * shrink towards the end, so the kernel left after the last copy is a
      * short one, and a load takes few pieces. */
-    uint64_t target = left / 2;
-    target = target < (2u << 20) ? (2u << 20) : target > L->slot_bytes ? L->slot_bytes : target;
+    const uint64_t target = piece_target(L, left);
     uint32_t n = 1;
     while (i + n < kp->first + kp->count) {
       layer_span(kp, i + n, &nb, &ne);
@@ -873,7 +1038,11 @@ static int load_staged(kvt_gpu_layout *L, const uint8_t *host, const kvt_gpu_kpa
     piece.payload = (uint8_t *)((uintptr_t)dst - begin); /* section offsets stay the payload's */
     piece.first = i;
     piece.count = n;
-    const int rc = launch_layers(L, &piece, events, i - kp->first, stream);
+    int rc = chk ? check_piece(L, chk, slot, &piece, piece.payload, begin, end,
+                               i + n == kp->first + kp->count, stream)
+                 : 0;
+    if (rc == 0)
+      rc = launch_layers(L, &piece, events, i - kp->first, stream);
     if (rc)
       return rc;
     if ((e = kvt_gpurt_event_record(L->ev_free[slot], stream)) != 0)
@@ -884,6 +1053,53 @@ static int load_staged(kvt_gpu_layout *L, const uint8_t *host, const kvt_gpu_kpa
   return e ? cuda_fail(L->ctx, e, "staged load (copy stream, events)") : 0;
 }
 
+/* A device payload verified on the GPU: the checksum kernels of every
+ * loaded section, then the load gated on their verdict, all in stream
+ * order; a slot's gate and digest scratch, ordered by its events as a
+ * staged load's. (Hashing 8 MiB of layers before each one's load, for L2
+ * hits, measured 4x slower on an H200: the small launches do not fill the
+ * GPU.) */
+static int load_device_checked(kvt_gpu_layout *L, const uint8_t *dev, size_t len,
+                               kvt_gpu_kparams *kp, const gpu_check *chk, void *const *events,
+                               void *stream) {
+  const uint32_t slot = L->next_slot;
+  L->next_slot = (slot + 1) % NSLOT;
+  int e = kvt_gpurt_stream_wait(stream, L->ev_free[slot]);
+  if (e)
+    return cuda_fail(L->ctx, e, "cudaStreamWaitEvent");
+  int rc = check_piece(L, chk, slot, kp, dev, 0, len, 1, stream);
+  if (rc == 0)
+    rc = launch_layers(L, kp, events, 0, stream);
+  if (rc)
+    return rc;
+  if ((e = kvt_gpurt_event_record(L->ev_free[slot], stream)) != 0)
+    return cuda_fail(L->ctx, e, "cudaEventRecord");
+  return 0;
+}
+
+int kvt_gpu_verdict_check(kvt_gpu_layout *L, const kvt_gpu_verdict *v) {
+  if (!L)
+    return -EINVAL;
+  kvt_clear_error(L->ctx);
+  if (!v)
+    return kvt_fail(L->ctx, -EINVAL, "kvt_gpu_verdict_check: NULL verdict");
+  const volatile kvt_gpu_verdict *w = v;
+  if (!w->done)
+    return kvt_fail(L->ctx, -EAGAIN, "the load's checks have not run yet: wait for its stream "
+                    "before reading the verdict");
+  const uint32_t bad = w->bad_section;
+  if (bad == UINT32_MAX)
+    return 0;
+  return kvt_fail(L->ctx, KVT_ECHECKSUM, "section %u (layer %u %s) of the payload: checksum "
+                  "mismatch (computed on the GPU); its layers were not loaded, treat the chunk "
+                  "as a miss", bad, w->layer_begin + bad / 2, bad % 2 ? "V" : "K");
+}
+
+KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_verdict, done) == 4 * KVT_GPU_VERDICT_DONE,
+                      "verdict words");
+KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_verdict, bad_section) == 4 * KVT_GPU_VERDICT_BAD,
+                      "verdict words");
+
 int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
                  const kvt_gpu_load_params *p, void *stream) {
   if (!L)
@@ -892,7 +1108,10 @@ int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
   kvt_clear_error(ctx);
   if (!payload || !p || p->struct_size < offsetof(kvt_gpu_load_params, header) || !p->slots)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_load: NULL payload, params or slots");
-  const int has_header = p->struct_size >= sizeof(*p) && p->header;
+  const int has_header =
+      p->struct_size >= offsetof(kvt_gpu_load_params, verdict) && p->header;
+  kvt_gpu_verdict *verdict =
+      p->struct_size >= sizeof(*p) ? p->verdict : NULL;
   int kind, rc;
   uint8_t *dev = NULL, *copy = NULL;
   const uint8_t *hdr = NULL;
@@ -916,27 +1135,62 @@ int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
   kvt_payload_info in;
   uint32_t count = 0;
   kvt_gpu_kparams kp;
+  int gpu_checked = 0;
+  uint32_t *vdev = NULL;
+  if (verdict) {
+    int vkind = 0;
+    void *vd = NULL;
+    int e = kvt_gpurt_pointer(verdict, &vkind, &vd);
+    if (e) {
+      kvt_dealloc(ctx, copy);
+      return cuda_fail(ctx, e, "cudaPointerGetAttributes of the verdict");
+    }
+    if (vkind != KVT_GPU_MEM_PINNED || !vd || (uintptr_t)verdict % 4) {
+      kvt_dealloc(ctx, copy);
+      return kvt_fail(ctx, -EINVAL, "kvt_gpu_load: the verdict at %p must be pinned host "
+                      "memory mapped into the device (cudaHostAlloc)", (void *)verdict);
+    }
+    vdev = vd;
+  }
   if ((rc = kvt_payload_parse(ctx, hdr, len, &in)) == 0 &&
       (rc = load_check(L, &in, p, &count)) == 0 &&
       (rc = fill_kparams(L, &in.spec, in.tokens, in.layer_begin, in.layers, p->layer_first, count,
                          p->slots, dev,
                          kind == KVT_GPU_MEM_PINNED ? CHUNK_LOAD_HOST : CHUNK_LOAD_DEVICE,
-                         &kp)) == 0)
-    rc = load_sections(ctx, hdr,
-                       kind == KVT_GPU_MEM_PINNED && !(p->flags & KVT_GPU_LOAD_TRUST_HOST)
-                           ? payload
-                           : NULL,
-                       in.version_major, &kp);
+                         &kp)) == 0) {
+    /* With a verdict the GPU verifies where it can: a device payload, or a
+     * pinned one it stages (ZERO_COPY asks for neither). */
+    const uint32_t trust = kind == KVT_GPU_MEM_PINNED ? KVT_GPU_LOAD_TRUST_HOST
+                                                      : KVT_GPU_LOAD_TRUST_DEVICE;
+    gpu_checked = verdict && L->staging && !(p->flags & trust) &&
+                  (kind == KVT_GPU_MEM_DEVICE ||
+                   (!(p->flags & KVT_GPU_LOAD_ZERO_COPY) && stageable(L, &kp)));
+    const int host_check =
+        kind == KVT_GPU_MEM_PINNED && !(p->flags & KVT_GPU_LOAD_TRUST_HOST) && !gpu_checked;
+    rc = load_sections(ctx, hdr, host_check ? payload : NULL, in.version_major, &kp);
+  }
   kvt_dealloc(ctx, copy);
-  if (rc == 0 && kind == KVT_GPU_MEM_DEVICE && !(p->flags & KVT_GPU_LOAD_TRUST_DEVICE))
+  if (rc == 0 && kind == KVT_GPU_MEM_DEVICE && !(p->flags & KVT_GPU_LOAD_TRUST_DEVICE) &&
+      !gpu_checked)
     rc = verify_on_gpu(L, dev, len, in.version_major, &kp, stream);
   if (rc)
     return rc;
+  gpu_check chk = {dev, in.version_major, vdev};
+  if (verdict) {
+    verdict->bad_section = UINT32_MAX;
+    verdict->layer_begin = in.layer_begin;
+    verdict->sections = 2 * count;
+    verdict->done = gpu_checked ? 0 : 1; /* else every check has run */
+  }
+  if (gpu_checked && kind == KVT_GPU_MEM_DEVICE)
+    return load_device_checked(L, dev, len, &kp, &chk, p->layer_events, stream);
   if (kind == KVT_GPU_MEM_PINNED && L->staging && !(p->flags & KVT_GPU_LOAD_ZERO_COPY) &&
       stageable(L, &kp) &&
-      ((p->flags & KVT_GPU_LOAD_STAGED) || loaded_bytes(&kp) >= STAGE_MIN_BYTES)) {
+      (gpu_checked || (p->flags & KVT_GPU_LOAD_STAGED) ||
+       loaded_bytes(&kp) >= STAGE_MIN_BYTES)) {
     set_chunk(L, &in.spec, CHUNK_LOAD_DEVICE, &kp); /* the kernel reads the staging slots */
-    return load_staged(L, (const uint8_t *)payload, &kp, p->layer_events, stream);
+    return load_staged(L, (const uint8_t *)payload, &kp, gpu_checked ? &chk : NULL,
+                       p->layer_events, stream);
   }
   return launch_layers(L, &kp, p->layer_events, 0, stream);
 }

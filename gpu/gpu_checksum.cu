@@ -26,30 +26,52 @@ __device__ uint64_t group_hash(const uint8_t *in, uint64_t len, int lane, unsign
   return __shfl_sync(gmask, h, 0, 8);
 }
 
-/* One group of 8 lanes per section: write (seal) or compare (verify). */
-__global__ void sections_hash_kernel(uint8_t *payload, uint64_t len, uint32_t first,
-                                     uint32_t count, int write, kvt_gpu_status *st) {
+/* Whether section entry (off, n) lies in [lo, hi) and, for format 2,
+ * within `per` pieces (per 0: no limit). The host checked its own copy of
+ * the header; the table the kernels read may differ (a caller-supplied
+ * header copy, a flip after the copy, host memory written since): such a
+ * section is not read, and verify reports it as a mismatch. */
+__device__ __forceinline__ bool section_fits(uint64_t off, uint64_t n, uint64_t lo, uint64_t hi,
+                                             uint64_t per) {
+  return lo <= off && off <= hi && n <= hi - off && (per == 0 || n <= per * KVT_PL_CHECKSUM_BLOCK);
+}
+
+/* A verify's mismatch: the gate (the load kernels after it write nothing)
+ * and the caller's verdict, if any. */
+__device__ __forceinline__ void mismatch(uint32_t i, uint32_t *gate, uint32_t *verdict) {
+  if (gate)
+    atomicMin(gate, i);
+  if (verdict) {
+    *reinterpret_cast<volatile uint32_t *>(verdict + KVT_GPU_VERDICT_BAD) = i;
+    __threadfence_system();
+  }
+}
+
+/* Format 1: one group of 8 lanes per section: write (seal) or compare. */
+__global__ void sections_hash_kernel(uint8_t *table, const uint8_t *body, uint64_t lo,
+                                     uint64_t hi, uint32_t first, uint32_t count, int write,
+                                     uint32_t *gate, uint32_t *verdict) {
   const uint32_t g = (blockIdx.x * blockDim.x + threadIdx.x) / 8;
   const int lane = threadIdx.x & 7;
   const unsigned gmask = 0xFFu << (threadIdx.x & 24);
   if (g >= count) /* the group's 8 lanes leave together */
     return;
   const uint32_t i = first + g;
-  uint8_t *e = payload + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
+  uint8_t *e = table + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
   const uint64_t off = kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET);
   const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
-  if (!(off <= len && n <= len - off)) { /* see section_fits */
+  if (!section_fits(off, n, lo, hi, 0)) {
     if (lane == 0 && !write)
-      atomicMin(&st->bad_section, i);
+      mismatch(i, gate, verdict);
     return;
   }
-  const uint64_t h = group_hash(payload + off, n, lane, gmask);
+  const uint64_t h = group_hash(body + off, n, lane, gmask);
   if (lane != 0)
     return;
   if (write)
     *reinterpret_cast<uint64_t *>(e + KVT_PL_ENTRY_CHECKSUM) = h; /* entries are 16-aligned */
   else if (kvt_xxh3::rd64(e + KVT_PL_ENTRY_CHECKSUM) != h)
-    atomicMin(&st->bad_section, i);
+    mismatch(i, gate, verdict);
 }
 
 /* The header checksum, after the section checksums are in the table. */
@@ -101,62 +123,68 @@ __device__ uint64_t piece_hash(const uint8_t *in, uint64_t len, int lane, unsign
 }
 
 /* Format 2: the XXH3-64 of piece b of section first + blockIdx.y into
- * dig[blockIdx.y * per + b]; 16 groups of 8 lanes per CTA, one piece each. */
-/* Whether a section of the device table lies inside the payload and within
- * `per` pieces. The host checked its own copy of the header; the device's
- * table may differ (a caller-supplied header copy, or a flip after the copy):
- * such a section is not read, and verify reports it as a mismatch. */
-__device__ __forceinline__ bool section_fits(uint64_t off, uint64_t n, uint64_t len,
-                                             uint64_t per) {
-  return off <= len && n <= len - off && n <= per * KVT_PL_CHECKSUM_BLOCK;
-}
-
-__global__ void __launch_bounds__(128) pieces_kernel(const uint8_t *payload, uint64_t len,
-                                                     uint32_t first, uint64_t per,
-                                                     uint64_t *dig) {
+ * dig[blockIdx.y * per + b]; 16 groups of 8 lanes per CTA, one piece each.
+ * reset (verify): the gate word, set to ~0 before the combine reads it. */
+__global__ void __launch_bounds__(128) pieces_kernel(const uint8_t *table, const uint8_t *body,
+                                                     uint64_t lo, uint64_t hi, uint32_t first,
+                                                     uint64_t per, uint64_t *dig,
+                                                     uint32_t *reset) {
+  if (reset && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+    *reset = ~0u;
   const uint64_t b = (uint64_t)blockIdx.x * 16 + threadIdx.x / 8;
   const int lane = threadIdx.x & 7;
   const unsigned gmask = 0xFFu << (threadIdx.x & 24);
-  const uint8_t *e = payload + HDR_FIXED + SEC_ENTRY * (uint64_t)(first + blockIdx.y);
+  const uint8_t *e = table + HDR_FIXED + SEC_ENTRY * (uint64_t)(first + blockIdx.y);
   const uint64_t off = kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET);
   const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
   const uint64_t start = b * KVT_PL_CHECKSUM_BLOCK;
   /* the group's 8 lanes leave together */
-  if (b >= per || (b > 0 && start >= n) || !section_fits(off, n, len, per))
+  if (b >= per || (b > 0 && start >= n) || !section_fits(off, n, lo, hi, per))
     return;
   const uint64_t take = n - start < KVT_PL_CHECKSUM_BLOCK ? n - start : KVT_PL_CHECKSUM_BLOCK;
-  const uint64_t h = piece_hash(payload + off + start, take, lane, gmask);
+  const uint64_t h = piece_hash(body + off + start, take, lane, gmask);
   if (lane == 0)
     dig[(uint64_t)blockIdx.y * per + b] = h; /* little-endian, as the format's digests */
 }
 
-/* Format 2: one group of 8 lanes per section hashes its pieces' digests into
- * the section checksum: write (seal) or compare (verify). */
-__global__ void combine_kernel(uint8_t *payload, uint64_t len, uint32_t first, uint32_t count,
-                               uint64_t per, const uint64_t *dig, int write,
-                               kvt_gpu_status *st) {
-  const uint32_t g = (blockIdx.x * blockDim.x + threadIdx.x) / 8;
+#define COMBINE_THREADS 256
+
+/* Format 2: one CTA; each group of 8 lanes hashes the pieces' digests of
+ * its sections into their checksums: written (seal) or compared (verify).
+ * Then, with a verdict and `done`, marks the verdict done: every check of
+ * the load is complete (this is its last combine). */
+__global__ void __launch_bounds__(COMBINE_THREADS)
+    combine_kernel(uint8_t *table, uint64_t lo, uint64_t hi, uint32_t first, uint32_t count,
+                   uint64_t per, const uint64_t *dig, int write, uint32_t *gate,
+                   uint32_t *verdict, int done) {
   const int lane = threadIdx.x & 7;
   const unsigned gmask = 0xFFu << (threadIdx.x & 24);
-  if (g >= count)
-    return;
-  const uint32_t i = first + g;
-  uint8_t *e = payload + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
-  const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
-  if (!section_fits(kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET), n, len, per)) {
-    if (lane == 0 && !write)
-      atomicMin(&st->bad_section, i);
-    return;
+  for (uint32_t g = threadIdx.x / 8; g < count; g += COMBINE_THREADS / 8) {
+    const uint32_t i = first + g;
+    uint8_t *e = table + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
+    const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
+    if (!section_fits(kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET), n, lo, hi, per)) {
+      if (lane == 0 && !write)
+        mismatch(i, gate, verdict);
+      continue;
+    }
+    const uint64_t pieces = n ? (n + KVT_PL_CHECKSUM_BLOCK - 1) / KVT_PL_CHECKSUM_BLOCK : 1;
+    const uint64_t h = group_hash(reinterpret_cast<const uint8_t *>(dig + (uint64_t)g * per),
+                                  8 * pieces, lane, gmask);
+    if (lane != 0)
+      continue;
+    if (write)
+      *reinterpret_cast<uint64_t *>(e + KVT_PL_ENTRY_CHECKSUM) = h;
+    else if (kvt_xxh3::rd64(e + KVT_PL_ENTRY_CHECKSUM) != h)
+      mismatch(i, gate, verdict);
   }
-  const uint64_t pieces = n ? (n + KVT_PL_CHECKSUM_BLOCK - 1) / KVT_PL_CHECKSUM_BLOCK : 1;
-  const uint64_t h = group_hash(reinterpret_cast<const uint8_t *>(dig + (uint64_t)g * per),
-                                8 * pieces, lane, gmask);
-  if (lane != 0)
-    return;
-  if (write)
-    *reinterpret_cast<uint64_t *>(e + KVT_PL_ENTRY_CHECKSUM) = h;
-  else if (kvt_xxh3::rd64(e + KVT_PL_ENTRY_CHECKSUM) != h)
-    atomicMin(&st->bad_section, i);
+  if (verdict && done) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      *reinterpret_cast<volatile uint32_t *>(verdict + KVT_GPU_VERDICT_DONE) = 1;
+    }
+  }
 }
 
 /* Pieces per section for sections of at most max_stored bytes. */
@@ -168,41 +196,51 @@ extern "C" uint64_t kvt_gpurt_digest_words(uint32_t count, uint64_t max_stored) 
   return (uint64_t)count * pieces_per(max_stored);
 }
 
-/* Section checksums of sections [first, first + count): written or compared. */
-static int hash_sections(uint8_t *payload, uint64_t len, uint32_t first, uint32_t count,
-                         unsigned major, uint64_t max_stored, uint64_t *dig, int write,
-                         kvt_gpu_status *st, cudaStream_t s) {
-  if (major < 2) {
-    const unsigned blocks = (count * 8 + 127) / 128;
-    sections_hash_kernel<<<blocks, 128, 0, s>>>(payload, len, first, count, write, st);
+/* Marks a verdict done (format 1: its checks have no single last kernel). */
+__global__ void verdict_done_kernel(uint32_t *verdict) {
+  __threadfence_system();
+  *reinterpret_cast<volatile uint32_t *>(verdict + KVT_GPU_VERDICT_DONE) = 1;
+}
+
+extern "C" int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (a->major < 2) {
+    cudaError_t e = cudaSuccess;
+    if (!a->write && a->gate && (e = cudaMemsetAsync(a->gate, 0xFF, 4, s)) != cudaSuccess)
+      return (int)e;
+    const unsigned blocks = (a->count * 8 + 127) / 128;
+    sections_hash_kernel<<<blocks, 128, 0, s>>>(a->table, a->body, a->lo, a->hi, a->first,
+                                                a->count, a->write, a->gate, a->verdict);
+    if (a->verdict && a->done)
+      verdict_done_kernel<<<1, 1, 0, s>>>(a->verdict);
     return (int)cudaGetLastError();
   }
-  const uint64_t per = pieces_per(max_stored);
-  const dim3 grid((unsigned)((per + 15) / 16), count);
-  pieces_kernel<<<grid, 128, 0, s>>>(payload, len, first, per, dig);
-  combine_kernel<<<(count * 8 + 127) / 128, 128, 0, s>>>(payload, len, first, count, per, dig,
-                                                         write, st);
+  const uint64_t per = pieces_per(a->max_stored);
+  const dim3 grid((unsigned)((per + 15) / 16), a->count);
+  pieces_kernel<<<grid, 128, 0, s>>>(a->table, a->body, a->lo, a->hi, a->first, per, a->digests,
+                                     a->write ? nullptr : a->gate);
+  combine_kernel<<<1, COMBINE_THREADS, 0, s>>>(a->table, a->lo, a->hi, a->first, a->count, per,
+                                               a->digests, a->write, a->gate, a->verdict,
+                                               a->done);
   return (int)cudaGetLastError();
 }
 
 extern "C" int kvt_gpurt_seal(uint8_t *payload, uint64_t len, uint32_t sections,
                               uint64_t header_size, unsigned major, uint64_t max_stored,
                               uint64_t *digests, void *stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  int e = hash_sections(payload, len, 0, sections, major, max_stored, digests, 1, nullptr, st);
+  const kvt_gpu_sections a = {payload, payload, 0, len, 0, sections, major, 1, max_stored,
+                              digests, nullptr, nullptr, 0};
+  int e = kvt_gpurt_sections(&a, stream);
   if (e)
     return e;
-  header_hash_kernel<<<1, 8, 0, st>>>(payload, header_size);
+  header_hash_kernel<<<1, 8, 0, static_cast<cudaStream_t>(stream)>>>(payload, header_size);
   return (int)cudaGetLastError();
 }
 
 extern "C" int kvt_gpurt_verify(const uint8_t *payload, uint64_t len, uint32_t first,
                                 uint32_t count, unsigned major, uint64_t max_stored,
                                 uint64_t *digests, kvt_gpu_status *status, void *stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  cudaError_t e = cudaMemsetAsync(&status->bad_section, 0xFF, sizeof(uint32_t), st);
-  if (e != cudaSuccess)
-    return (int)e;
-  return hash_sections(const_cast<uint8_t *>(payload), len, first, count, major, max_stored,
-                       digests, 0, status, st);
+  const kvt_gpu_sections a = {const_cast<uint8_t *>(payload), payload, 0, len, first, count,
+                              major, 0, max_stored, digests, &status->bad_section, nullptr, 0};
+  return kvt_gpurt_sections(&a, stream);
 }

@@ -837,6 +837,8 @@ template <int DT, int C> __device__ void load_rows(const kvt_gpu_kparams &p, con
 
 template <int DT, int C> __global__ void __launch_bounds__(THREADS)
     load_kernel(const kvt_gpu_kparams p) {
+  if (p.gate && *p.gate != ~0u) /* a checksum of these layers did not match */
+    return;
   const sec_ctx s = section(p);
   if constexpr (C >= 2) {
     if (s.fmt == KVT_FMT_I4 && kivi(p, s)) {
@@ -866,8 +868,9 @@ static dim3 grid_for(const kvt_gpu_kparams *p, uint64_t threads_per_section) {
 template <int DT> static int launch_store(const kvt_gpu_kparams *p, cudaStream_t st) {
   const uint64_t threads = (uint64_t)p->tokens * p->heads * (p->head_dim / p->chunk);
   const dim3 grid = grid_for(p, threads);
-  cudaError_t e = cudaMemsetAsync(p->status, 0, sizeof(kvt_gpu_status), st);
-  if (e != cudaSuccess)
+  cudaError_t e = cudaSuccess;
+  if (!(p->flags & KVT_GPU_KP_KEEP_STATUS) &&
+      (e = cudaMemsetAsync(p->status, 0, sizeof(kvt_gpu_status), st)) != cudaSuccess)
     return (int)e;
   const bool scaled = p->fmt[0] == KVT_FMT_E4M3 || p->fmt[0] == KVT_FMT_I8 ||
                       p->fmt[1] == KVT_FMT_E4M3 || p->fmt[1] == KVT_FMT_I8;

@@ -82,6 +82,11 @@ extern "C" int kvt_gpurt_copy_h2d_async(void *dst, const void *src, size_t n, vo
                               static_cast<cudaStream_t>(stream));
 }
 
+extern "C" int kvt_gpurt_copy_d2h_async(void *dst, const void *src, size_t n, void *stream) {
+  return (int)cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost,
+                              static_cast<cudaStream_t>(stream));
+}
+
 extern "C" int kvt_gpurt_stream_create(void **stream) {
   cudaStream_t st = nullptr;
   const cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);

@@ -62,6 +62,10 @@ typedef struct kvt_gpu_status {
 } kvt_gpu_status;
 KVT_GPU_STATIC_ASSERT(sizeof(kvt_gpu_status) == 32, "kvt_gpu_status is 32 bytes");
 
+/* kvt_gpu_kparams.flags: a store launch that continues an earlier one of
+ * the same payload (a staged store's later pieces) keeps its status word. */
+#define KVT_GPU_KP_KEEP_STATUS 1u
+
 /* One store or load launch. Element addresses: ptrs[l] (K, then V at
  * ptrs[layout_layers + l]) points at (block 0, offset 0, head 0, dim 0) of
  * layout layer l, offsets already applied; strides in elements. */
@@ -91,9 +95,13 @@ typedef struct kvt_gpu_kparams {
    * below 2^32 (gpu_api.c refuses larger shapes). */
   kvt_gpu_fdiv fd_heads, fd_block_size, fd_block, fd_cpr, fd_cpr8, fd_cpr16, fd_groups;
   kvt_gpu_fdiv fd_group;
-  uint32_t reserved2;
+  uint32_t flags;          /* KVT_GPU_KP_*: */
+  /* Loads: NULL, or a device word the checksum kernels before the load set
+   * to the failed section: the load writes nothing unless it reads ~0. */
+  const uint32_t *gate;
 } kvt_gpu_kparams;
-KVT_GPU_STATIC_ASSERT(sizeof(kvt_gpu_kparams) == 304, "kvt_gpu_kparams layout");
+KVT_GPU_STATIC_ASSERT(sizeof(kvt_gpu_kparams) == 312, "kvt_gpu_kparams layout");
+KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, gate) == 304, "kvt_gpu_kparams layout");
 KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, stride_block) == 40, "kvt_gpu_kparams layout");
 KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, block_size) == 136, "kvt_gpu_kparams layout");
 KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, fmt) == 188, "kvt_gpu_kparams layout");
@@ -168,6 +176,7 @@ int kvt_gpurt_copy_d2h(void *dst, const void *src, size_t n);
 int kvt_gpurt_sync(void *stream);
 int kvt_gpurt_event_record(void *event, void *stream);
 int kvt_gpurt_copy_h2d_async(void *dst, const void *src, size_t n, void *stream);
+int kvt_gpurt_copy_d2h_async(void *dst, const void *src, size_t n, void *stream);
 /* A non-blocking stream, an event without timing, and a wait of stream on
  * event (the staged load's copy pipeline). */
 int kvt_gpurt_stream_create(void **stream);
@@ -182,6 +191,35 @@ int kvt_gpurt_stream_wait(void *stream, void *event);
  * words, max_stored the largest section's stored bytes. */
 int kvt_gpurt_seal(uint8_t *payload, uint64_t len, uint32_t sections, uint64_t header_size,
                    unsigned major, uint64_t max_stored, uint64_t *digests, void *stream);
+/* Words of a kvt_gpu_verdict (kvtier/gpu.h), as the kernels write them. */
+#define KVT_GPU_VERDICT_DONE 0
+#define KVT_GPU_VERDICT_BAD 1
+
+/* Section checksums of sections [first, first + count) of one payload: its
+ * table is at `table` (device-accessible: the payload's own header in
+ * device memory or mapped pinned memory), a section at offset off is read
+ * at body + off and must lie in [lo, hi) (a staging slot holding part of
+ * the payload: body = slot - lo). write: the checksums go into the table
+ * (seal); else they are compared with it: the lowest mismatch goes to *gate
+ * (reset to ~0 first; the load kernels after it read it) and one mismatch
+ * to verdict's bad word, if any; done: this is the load's last check, so
+ * the verdict is then marked done. Format 2 needs `digests`: device scratch
+ * of kvt_gpurt_digest_words(count, max_stored) words, max_stored the
+ * largest section's stored bytes (larger ones count as mismatches). */
+typedef struct kvt_gpu_sections {
+  uint8_t *table;
+  const uint8_t *body;
+  uint64_t lo, hi;
+  uint32_t first, count;
+  unsigned major;
+  int write;
+  uint64_t max_stored;
+  uint64_t *digests;
+  uint32_t *gate;
+  uint32_t *verdict;
+  int done;
+} kvt_gpu_sections;
+int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream);
 /* Compares the checksums of sections [first, first+count) with the table;
  * the lowest mismatching section goes to st->bad_section (~0 if none).
  * digests as for kvt_gpurt_seal, for count sections. A section of the device

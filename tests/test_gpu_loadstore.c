@@ -1000,6 +1000,202 @@ static void test_gpu_store_refuses_nonfinite_and_out_of_range(void **state) {
   fixture_free(&f);
 }
 
+/* A layout over f's engine with staging slots of `slot` bytes (0: none). */
+static kvt_gpu_layout *layout_with_staging(fixture *f, uint64_t slot) {
+  kvt_gpu_layout_desc d = f->e.desc;
+  d.staging_bytes = 3 * slot;
+  kvt_gpu_layout *L = NULL;
+  assert_int_equal(kvt_gpu_layout_create(ctx, &d, &L), 0);
+  return L;
+}
+
+/* The section holding payload byte at, or -1 (header or padding). */
+static int section_at(const uint8_t *pay, size_t len, size_t at) {
+  kvt_payload_info info;
+  assert_int_equal(kvt_payload_parse(ctx, pay, len, &info), 0);
+  for (uint32_t j = 0; j < info.sections; j++) {
+    kvt_section_info si;
+    assert_int_equal(kvt_payload_section(ctx, pay, len, j, &si), 0);
+    if (at >= si.offset && at < si.offset + si.stored_size)
+      return (int)j;
+  }
+  return -1;
+}
+
+/* A load with a verdict, waited for: the call's return code, and the
+ * verdict's in *vrc. */
+static int load_verdict(fixture *f, kvt_gpu_layout *L, const void *p, size_t len,
+                        kvt_gpu_verdict *v, uint32_t flags, int *vrc) {
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = f->sp.tokens;
+  lp.slots = f->dslots;
+  lp.flags = flags;
+  lp.verdict = v;
+  const int rc = kvt_gpu_load(L, p, len, &lp, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  *vrc = rc ? rc : kvt_gpu_verdict_check(L, v);
+  return rc;
+}
+
+/* Every layer of the downloaded cache `got` equals `want`'s, except layer
+ * `skip`'s, which equals `bg`'s (skip -1: none; -2: every layer is bg's). */
+static void expect_layers(const engine *e, const uint16_t *got, const uint16_t *want,
+                          const uint16_t *bg, int skip, const char *what) {
+  const size_t per = e->elems[0];
+  for (uint32_t l = 0; l < e->layers; l++) {
+    const int old = skip == -2 || (int)l == skip;
+    if (memcmp(got + l * per, (old ? bg : want) + l * per, per * 2) != 0)
+      fail_msg("%s: layer %u is not %s", what, l, old ? "untouched" : "loaded");
+  }
+}
+
+/* Pinned stores through the staging slots are sealed on the GPU: the same
+ * bytes as a handle without staging (kernel into host memory, sealed on the
+ * host), whether the payload is one piece or cycles through slots of one
+ * layer each; a NaN in the last piece is still reported. Loads verified on
+ * the GPU (kvt_gpu_load_params.verdict) restore what a checked load does,
+ * from pinned and from device payloads. A flipped bit in a section body is
+ * the verdict's KVT_ECHECKSUM naming that section, and the load writes none
+ * of its piece's layers (one layer a piece here) while the others load; a
+ * flip in the header is returned by the call itself. */
+static void test_gpu_staged_store_and_loads_verified_on_gpu(void **state) {
+  (void)state;
+  const shape s = {4, 256, 4, 64};
+  static const char *const specs[] = {"raw",  "k16v8", "fp8",  "int8",
+                                      "k8v4", "int4",  "k=e4m3,v=i8,scale=layer"};
+  kvt_gpu_verdict *v = pinned(sizeof(*v));
+  uint64_t lcg = 12345;
+  int flips = 0;
+  for (size_t c = 0; c < sizeof(specs) / sizeof(specs[0]); c++) {
+    fixture f;
+    fixture_make(&f, specs[c], &s); /* f.pay: stored through f.L's staging */
+    kvt_payload_info info;
+    assert_int_equal(kvt_payload_verify(ctx, f.pay, f.len, &info), 0);
+    uint64_t span = 0; /* the largest layer a store writes */
+    for (uint32_t l = 0; l < info.layers; l++) {
+      kvt_section_info a, b;
+      assert_int_equal(kvt_payload_section(ctx, f.pay, f.len, 2 * l, &a), 0);
+      if (l + 1 < info.layers)
+        assert_int_equal(kvt_payload_section(ctx, f.pay, f.len, 2 * l + 2, &b), 0);
+      const uint64_t end = l + 1 < info.layers ? b.offset : f.len;
+      span = end - a.offset > span ? end - a.offset : span;
+    }
+    kvt_gpu_layout *L0 = layout_with_staging(&f, 0);
+    kvt_gpu_layout *L1 = layout_with_staging(&f, (span + 255) / 256 * 256);
+    uint8_t *p0 = pinned(f.cap), *p1 = pinned(f.cap);
+    size_t n0 = 0, n1 = 0;
+    memset(p1, 0xEE, f.cap);
+    for (int m = 0; m < 2; m++) {
+      const int rc = kvt_gpu_store(m ? L1 : L0, &f.sp, m ? p1 : p0, f.cap, m ? &n1 : &n0, stream);
+      if (rc)
+        fail_msg("%s: store %s staging: %s %s", specs[c], m ? "through one-layer" : "without",
+                 kvt_err_name(rc), kvt_ctx_last_error(ctx));
+    }
+    assert_int_equal(n0, f.len);
+    assert_int_equal(n1, f.len);
+    if (memcmp(p0, f.pay, f.len) != 0 || memcmp(p1, f.pay, f.len) != 0)
+      fail_msg("%s: the GPU-sealed staged store differs from the host-sealed one", specs[c]);
+    cudaFreeHost(p0);
+    cudaFreeHost(p1);
+
+    /* Reference: the cache before (bg) and after (want) a checked load. */
+    engine_upload(&f.e);
+    uint16_t *bg = engine_download(&f.e);
+    assert_int_equal(load(&f, f.pay, f.len), 0);
+    uint16_t *want = engine_download(&f.e);
+    uint8_t *dpay;
+    CUDA_OK(cudaMalloc((void **)&dpay, f.len));
+    CUDA_OK(cudaMemcpy(dpay, f.pay, f.len, cudaMemcpyHostToDevice));
+    for (int m = 0; m < 4; m++) {
+      engine_upload(&f.e);
+      int vrc = -1;
+      const int rc = load_verdict(&f, m % 2 ? L1 : f.L, m < 2 ? (void *)f.pay : (void *)dpay,
+                                  f.len, v, 0, &vrc);
+      if (rc || vrc)
+        fail_msg("%s: verified load %d: %s / %s %s", specs[c], m, kvt_err_name(rc),
+                 kvt_err_name(vrc), kvt_ctx_last_error(ctx));
+      uint16_t *got = engine_download(&f.e);
+      expect_layers(&f.e, got, want, bg, -1, specs[c]);
+      free(got);
+    }
+    /* Flips in section bodies: pinned through one-layer slots, and device. */
+    for (int i = 0; i < 16; i++) {
+      lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+      const size_t at = info.header_size + (lcg >> 11) % (f.len - info.header_size);
+      const int sec = section_at(f.pay, f.len, at);
+      if (sec < 0)
+        continue; /* padding: read by no load */
+      const uint8_t bit = (uint8_t)(1u << ((lcg >> 40) % 8));
+      const int dev = i % 2;
+      if (dev) {
+        const uint8_t flipped = (uint8_t)(f.pay[at] ^ bit);
+        CUDA_OK(cudaMemcpy(dpay + at, &flipped, 1, cudaMemcpyHostToDevice));
+      } else {
+        f.pay[at] ^= bit;
+      }
+      engine_upload(&f.e);
+      int vrc = 0;
+      const int rc = load_verdict(&f, dev ? f.L : L1, dev ? (void *)dpay : (void *)f.pay, f.len,
+                                  v, 0, &vrc);
+      if (dev)
+        CUDA_OK(cudaMemcpy(dpay + at, &f.pay[at], 1, cudaMemcpyHostToDevice));
+      else
+        f.pay[at] ^= bit;
+      if (rc != 0 || vrc != KVT_ECHECKSUM || v->bad_section != (uint32_t)sec)
+        fail_msg("%s: flip at %zu (section %d, %s): load %s, verdict %s, bad section %u",
+                 specs[c], at, sec, dev ? "device" : "pinned", kvt_err_name(rc),
+                 kvt_err_name(vrc), v->bad_section);
+      assert_non_null(strstr(kvt_ctx_last_error(ctx), "checksum mismatch"));
+      uint16_t *got = engine_download(&f.e);
+      /* Device payloads are hashed whole before the load: no layer loads. */
+      expect_layers(&f.e, got, want, bg, dev ? -2 : sec / 2, specs[c]);
+      free(got);
+      flips++;
+    }
+    /* The header: refused by the call. */
+    int vrc = 0;
+    f.pay[90] ^= 1;
+    assert_int_equal(load_verdict(&f, L1, f.pay, f.len, v, 0, &vrc), KVT_ECHECKSUM);
+    f.pay[90] ^= 1;
+    cudaFree(dpay);
+    free(bg);
+    free(want);
+    if (c == 1) {
+      /* Trusted: nothing for the GPU to check, the verdict is done at once. */
+      kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+      lp.tokens = f.sp.tokens;
+      lp.slots = f.dslots;
+      lp.flags = KVT_GPU_LOAD_TRUST_HOST;
+      lp.verdict = v;
+      assert_int_equal(kvt_gpu_load(f.L, f.pay, f.len, &lp, stream), 0);
+      assert_int_equal(v->done, 1);
+      assert_int_equal(kvt_gpu_verdict_check(f.L, v), 0);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      /* Not done yet; a verdict the GPU cannot write. */
+      v->done = 0;
+      assert_int_equal(kvt_gpu_verdict_check(f.L, v), -EAGAIN);
+      kvt_gpu_verdict pageable;
+      lp.flags = 0;
+      lp.verdict = &pageable;
+      assert_int_equal(kvt_gpu_load(f.L, f.pay, f.len, &lp, stream), -EINVAL);
+      assert_int_equal(kvt_gpu_verdict_check(f.L, NULL), -EINVAL);
+      /* A NaN in V of the last layer, stored a layer a slot: the last
+       * piece's launch keeps the status word. */
+      uint16_t nan = 0x7FC0;
+      const size_t el = eidx(&f.e, 1, 9, 2, 5);
+      CUDA_OK(cudaMemcpy((uint16_t *)f.e.dev[0][3] + el, &nan, 2, cudaMemcpyHostToDevice));
+      size_t len = 0;
+      assert_int_equal(kvt_gpu_store(L1, &f.sp, f.pay, f.cap, &len, stream), KVT_ENONFINITE);
+      assert_non_null(strstr(kvt_ctx_last_error(ctx), "V layer 3 token 4 head 2 dim 5"));
+    }
+    kvt_gpu_layout_destroy(L0);
+    kvt_gpu_layout_destroy(L1);
+    fixture_free(&f);
+  }
+  cudaFreeHost(v);
+  print_message("%d single-bit flips caught by loads verified on the GPU\n", flips);
+}
+
 static uint8_t *read_pinned(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   assert_non_null(f);
@@ -1082,6 +1278,28 @@ static void golden_case_on_gpu(const char *dir, const golden_case *gc) {
   CUDA_OK(cudaStreamSynchronize(stream));
   scatter(&dst, dk, dv, &s, slots, gc->layer_begin, gc->layers, 0);
   engine_expect(&dst, gc->name);
+  /* Verified on the GPU, from pinned and from device memory: the file's
+   * format (1 or 2) picks the checksum kernels. */
+  kvt_gpu_verdict *vd = pinned(sizeof(*vd));
+  uint8_t *dfile;
+  CUDA_OK(cudaMalloc((void **)&dfile, flen));
+  CUDA_OK(cudaMemcpy(dfile, file, flen, cudaMemcpyHostToDevice));
+  lp.verdict = vd;
+  for (int m = 0; m < 2; m++) {
+    engine_background(&dst);
+    engine_upload(&dst);
+    rc = kvt_gpu_load(Ld, m ? (void *)dfile : (void *)file, flen, &lp, stream);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    if (rc == 0)
+      rc = kvt_gpu_verdict_check(Ld, vd);
+    if (rc)
+      fail_msg("golden %s: gpu load verified on the GPU (%s): %s %s", gc->name,
+               m ? "device" : "pinned", kvt_err_name(rc), kvt_ctx_last_error(ctx));
+    scatter(&dst, dk, dv, &s, slots, gc->layer_begin, gc->layers, 0);
+    engine_expect(&dst, gc->name);
+  }
+  cudaFree(dfile);
+  cudaFreeHost(vd);
   kvt_gpu_layout_destroy(Ls);
   kvt_gpu_layout_destroy(Ld);
   engine_free(&src);
@@ -1138,6 +1356,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_load_rejects_bad_payloads),
       cmocka_unit_test(test_gpu_device_payload_bit_flips_are_caught),
       cmocka_unit_test(test_gpu_device_payload_large_section_and_foreign_table),
+      cmocka_unit_test(test_gpu_staged_store_and_loads_verified_on_gpu),
       cmocka_unit_test(test_gpu_load_from_memory_tier_loans_in_place),
       cmocka_unit_test(test_gpu_load_refuses_other_shapes_and_lossless_sections),
       cmocka_unit_test(test_gpu_store_refuses_nonfinite_and_out_of_range),

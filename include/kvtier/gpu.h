@@ -197,15 +197,23 @@ KVT_API int kvt_gpu_store_bound(kvt_gpu_layout *layout, const kvt_gpu_store_para
  * section table (checksums zero: from the host into pinned memory, or by an
  * asynchronous copy into device memory), launches one kernel on `stream` that
  * writes every section byte (and a small one before it for layer-granular
- * scales), for device memory then the checksum kernels that fill the
- * section checksums (format 2: every 4 KiB piece hashed by its own group of
- * lanes, serde/FORMAT.md section 3) and the header checksum, sets *len to the payload size and returns
- * without waiting. kvt_gpu_store_finish waits for the stream, checks the
- * kernel's status (KVT_ENONFINITE: a NaN/Inf in a tensor to be quantized,
- * named by layer, token, head and dim; not necessarily the first one the CPU
- * encoder would name; KVT_ERANGE: an i4 group out of fp16 range) and, for
- * pinned memory, seals the payload on the host (section checksums, header
- * checksum). Only a finished payload is valid (kvt_payload_verify accepts its
+ * scales), then the checksum kernels that fill the section checksums
+ * (format 2: every 4 KiB piece hashed by its own group of lanes,
+ * serde/FORMAT.md section 3), sets *len to the payload size and returns
+ * without waiting. Into device memory the kernels write the payload in
+ * place and seal it (the header checksum too). Into pinned memory on a
+ * handle with staging memory (kvt_gpu_layout_desc.staging_bytes) whose
+ * layers each fit a slot, the kernel writes pieces of whole layers into the
+ * staging slots, the checksum kernels seal each piece there (its section
+ * checksums go into dst's table) and the copy engine moves it to dst while
+ * the next piece is stored; otherwise the kernel writes dst directly and
+ * kvt_gpu_store_finish computes the section checksums on the host.
+ * kvt_gpu_store_finish waits for the stream, checks the kernel's status
+ * (KVT_ENONFINITE: a NaN/Inf in a tensor to be quantized, named by layer,
+ * token, head and dim; not necessarily the first one the CPU encoder would
+ * name; KVT_ERANGE: an i4 group out of fp16 range) and, for pinned memory,
+ * writes the header checksum (and the section checksums where the GPU did
+ * not). Only a finished payload is valid (kvt_payload_verify accepts its
  * bytes); after an error its bytes are garbage. kvt_gpu_store does both.
  * Slots outside [0, num_blocks*block_size) are read as zeros. dst must be
  * 16-byte aligned and not in use by work still queued on the GPU (the header
@@ -241,6 +249,19 @@ enum kvt_gpu_load_flags {
   KVT_GPU_LOAD_STAGED = 8u
 };
 
+/* The outcome of a load whose section checksums the GPU verifies in stream
+ * order (kvt_gpu_load_params.verdict). It lives in pinned host memory mapped
+ * into the device (cudaHostAlloc, cudaMallocHost, cudaHostRegister with
+ * unified addressing; a pinned torch tensor): kvt_gpu_load writes it from
+ * the host, the GPU writes done and bad_section, and kvt_gpu_verdict_check
+ * reads it once the stream has passed the load. */
+typedef struct kvt_gpu_verdict {
+  uint32_t done;        /* 0 until every check of the load has run, then 1 */
+  uint32_t bad_section; /* ~0u: every checked section matched; else one that did not */
+  uint32_t layer_begin; /* the payload's first absolute layer (for messages) */
+  uint32_t sections;    /* sections the load reads */
+} kvt_gpu_verdict;
+
 typedef struct kvt_gpu_load_params {
   size_t struct_size;                /* sizeof(kvt_gpu_load_params) */
   const kvt_key *expect_key;         /* NULL, or the key the payload must carry */
@@ -266,10 +287,16 @@ typedef struct kvt_gpu_load_params {
    * (section checksums are then taken from it). Ignored for host payloads. */
   const void *header;
   size_t header_len; /* bytes at header */
+  /* Appended in 0.3.2 (older struct sizes read as NULL). NULL: every check
+   * is made before the launch, as described at kvt_gpu_load. Else the
+   * section checksums are verified on the GPU as the bytes move, and the
+   * outcome is written here instead of being returned: see "Verified on the
+   * GPU" at kvt_gpu_load. */
+  kvt_gpu_verdict *verdict;
 } kvt_gpu_load_params;
 
 #define KVT_GPU_LOAD_PARAMS_INIT \
-  { sizeof(kvt_gpu_load_params), NULL, NULL, 0, 0, 0, NULL, 0, NULL, NULL, 0 }
+  { sizeof(kvt_gpu_load_params), NULL, NULL, 0, 0, 0, NULL, 0, NULL, NULL, 0, NULL }
 
 /* Loads the chosen layers of payload[0..len) into the layout's slots with
  * one kernel on `stream` (or one per layer, see layer_events), returning
@@ -306,6 +333,22 @@ typedef struct kvt_gpu_load_params {
  *   of lanes for format 1; the call waits for the stream), unless
  *   KVT_GPU_LOAD_TRUST_DEVICE says to skip it. The status word of the handle
  *   is used: not while a store on the same handle is in flight.
+ *
+ * Verified on the GPU (p->verdict set, on a handle with staging memory,
+ * neither TRUST flag): the header, table and expectations are still checked
+ * on the host before the launch (errors returned as above), but the section
+ * checksums are computed on `stream` by the checksum kernels, in stream
+ * order and in pieces of whole layers: a payload in pinned host memory is
+ * staged whatever its size and each staged piece is hashed in its slot
+ * before the load kernel reads it there; a payload in device memory is
+ * hashed whole, then loaded. The call returns once everything is launched,
+ * without waiting. A piece whose checksum does not match is not loaded
+ * (its load kernel writes nothing); other pieces of a staged load are. The verdict says what happened once the
+ * stream has passed the load: kvt_gpu_verdict_check. On a mismatch treat
+ * the whole chunk as a miss and recompute it: its slots hold a mix of
+ * loaded layers and old contents. Where the GPU cannot verify (no staging
+ * memory, a layer larger than a slot) the sections are verified before the
+ * launch as above and the verdict is done on return.
  * Sections stored with the lossless zstd stage are refused (KVT_ENOTSUP):
  * undo it on the host first. The payload's dtype, heads and head_dim must be
  * the layout's and its layers within it (KVT_ESHAPE). Pageable host memory is
@@ -314,6 +357,14 @@ typedef struct kvt_gpu_load_params {
  * KVT_EFOREIGN, KVT_ESHAPE, KVT_ENOTSUP or KVT_ECUDA. */
 KVT_API int kvt_gpu_load(kvt_gpu_layout *layout, const void *payload, size_t len,
                          const kvt_gpu_load_params *p, void *stream);
+
+/* The verdict of a load verified on the GPU, once its stream has passed it
+ * (cudaStreamSynchronize, or an event recorded after the load). Returns 0
+ * (every checked section matched), KVT_ECHECKSUM (a section did not: the
+ * chunk is a miss; the detail names the section, its layer and K or V),
+ * -EAGAIN (not done yet: the stream has not reached the load's checks) or
+ * -EINVAL (NULL). The detail goes to the layout's context. */
+KVT_API int kvt_gpu_verdict_check(kvt_gpu_layout *layout, const kvt_gpu_verdict *verdict);
 
 #ifdef __cplusplus
 }

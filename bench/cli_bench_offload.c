@@ -15,8 +15,8 @@
 int cli_bench_offload_main(int argc, char **argv);
 
 static const char offload_help[] =
-    "Usage: kvtier bench offload [--quick] [--iters N] [--tokens T] [--chunk 256|1024]\n"
-    "                            [--codecs LIST] [--nvme DIR|off]\n"
+    "Usage: kvtier bench offload [--quick] [--iters N] [--tokens T]\n"
+    "                            [--chunk 256|1024] [--codecs LIST] [--nvme DIR|off]\n"
     "\n"
     "On the first CUDA device, a Llama-3.1-8B shaped cache (32 layers, 8 KV heads,\n"
     "head_dim 128, bf16, legacy vLLM flash-attn layout, 16-token blocks, 2 x T\n"

@@ -37,6 +37,7 @@ static const char bench_help[] =
     "Also: kvtier bench tier --help (tier throughput against memcpy and fio),\n"
     "kvtier bench cache --help (prefix lookup time over a long context),\n"
     "kvtier bench gpu --help (fused GPU load/store against cudaMemcpy),\n"
+    "kvtier bench offload --help (GPU cache to dram and nvme tiers and back, verified),\n"
     "kvtier bench attn --help (decode attention over compressed caches),\n"
     "kvtier bench redis --help (the redis tier against redis-benchmark) and\n"
     "kvtier bench fabric --help (the fabric tier against fi_pingpong).\n";
@@ -281,6 +282,7 @@ static int bench_parse(int argc, char **argv, bench_cfg *c) {
 
 int cli_bench_gpu_main(int argc, char **argv); /* cli_bench_gpu.c */
 int cli_bench_attn_main(int argc, char **argv); /* cli_bench_attn.c */
+int cli_bench_offload_main(int argc, char **argv); /* cli_bench_offload.c */
 #ifdef KVT_HAVE_HIREDIS
 int cli_bench_redis_main(int argc, char **argv); /* cli_bench_redis.c */
 #endif
@@ -299,6 +301,8 @@ int cli_bench_main(int argc, char **argv) {
 #endif
   if (argc >= 2 && strcmp(argv[1], "gpu") == 0)
     return cli_bench_gpu_main(argc - 1, argv + 1);
+  if (argc >= 2 && strcmp(argv[1], "offload") == 0)
+    return cli_bench_offload_main(argc - 1, argv + 1);
   if (argc >= 2 && strcmp(argv[1], "attn") == 0)
     return cli_bench_attn_main(argc - 1, argv + 1);
   if (argc >= 2 && strcmp(argv[1], "tier") == 0)
@@ -310,7 +314,7 @@ int cli_bench_main(int argc, char **argv) {
       fputs(bench_help, stdout);
       return CLI_OK;
     }
-    return cli_usage_error("bench", "expected 'kvtier bench codec|tier|cache|gpu|attn|redis|fabric [OPTIONS]'");
+    return cli_usage_error("bench", "expected 'kvtier bench codec|tier|cache|gpu|offload|attn|redis|fabric [OPTIONS]'");
   }
   bench b;
   memset(&b, 0, sizeof(b));

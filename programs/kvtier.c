@@ -24,6 +24,7 @@ static const char usage[] =
     "  bench tier   tier PUT/GET throughput against memcpy (dram) or fio (nvme)\n"
     "  bench cache  prefix lookup time over a long context\n"
     "  bench gpu    fused GPU load/store against cudaMemcpy (CUDA builds)\n"
+    "  bench offload GPU cache -> dram -> nvme tiers and back, verified (CUDA builds)\n"
     "  bench attn   decode attention over compressed caches (CUDA builds)\n"
     "  bench redis  the redis tier against redis-benchmark (hiredis builds)\n"
     "  bench fabric the fabric tier against fi_pingpong (libfabric builds)\n"

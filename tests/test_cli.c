@@ -254,6 +254,36 @@ static void test_cli_bench_attn_bad_options_are_usage_errors(void **state) {
 #endif
 }
 
+/* bench offload: --help in every build; with CUDA it checks its options
+ * before it looks for a GPU, then runs (0) or says there is none (4);
+ * without CUDA it says so and exits 4 whatever the options. */
+static void test_cli_bench_offload_checks_options_then_needs_a_gpu(void **state) {
+  (void)state;
+  assert_int_equal(run("bench offload --help"), 0);
+  assert_non_null(strstr(res.out, "OFFLOAD_LOAD_FLAGS"));
+  assert_non_null(strstr(res.out, "Exit status"));
+#ifdef KVT_HAVE_CUDA
+  assert_int_equal(run("bench offload --chunk 512"), 2);
+  assert_non_null(strstr(res.err, "--chunk"));
+  assert_int_equal(run("bench offload --tokens 1500"), 2);
+  assert_non_null(strstr(res.err, "--tokens"));
+  assert_int_equal(run("bench offload --tokens 131072"), 2);
+  assert_int_equal(run("bench offload --codecs raw,nope"), 2);
+  assert_non_null(strstr(res.err, "'nope'"));
+  assert_int_equal(run("bench offload --nvme="), 2);
+  /* accepted: the smallest run, past the options to the GPU (none here: 4) */
+  const int rc = run("bench offload --tokens 1024 --chunk 1024 --iters 1 --codecs raw "
+                     "--nvme off");
+  if (rc == 4)
+    assert_non_null(strstr(res.err, "no CUDA device"));
+  else
+    assert_int_equal(rc, 0);
+#else
+  assert_int_equal(run("bench offload --quick"), 4);
+  assert_non_null(strstr(res.err, "without CUDA"));
+#endif
+}
+
 static void test_cli_wrong_size_input_gives_expected_and_actual_bytes(void **state) {
   (void)state;
   assert_int_equal(run("encode --codec raw --dtype bf16 --layers 3 --tokens 64 --heads 2 "
@@ -633,6 +663,7 @@ int main(void) {
       cmocka_unit_test(test_cli_demo_small_runs),
       cmocka_unit_test(test_cli_bench_codec_json_has_memcpy_baseline),
       cmocka_unit_test(test_cli_bench_attn_bad_options_are_usage_errors),
+      cmocka_unit_test(test_cli_bench_offload_checks_options_then_needs_a_gpu),
       cmocka_unit_test(test_cli_quality_runs_the_python_tool),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -27,17 +27,19 @@ static const char offload_help[] =
     "  store     per chunk: kvt_tier_reserve of the exact payload size in a dram\n"
     "            tier (its slabs page-locked for the GPU), kvt_gpu_store_async of\n"
     "            the chunk's blocks straight into the reserved block,\n"
-    "            kvt_gpu_store_finish (waits, seals: section and header checksums\n"
-    "            on the host), kvt_tier_publish (zero copy: no put of a copy)\n"
+    "            (written in the layout's staging slots, sealed there by the GPU,\n"
+    "            moved by the copy engine), kvt_gpu_store_finish (waits, writes\n"
+    "            the header checksum), kvt_tier_publish (zero copy: no put)\n"
     "  ->nvme    the write-through: every payload lent by the dram tier\n"
     "            (kvt_tier_borrow) and put into an nvme tier (O_DIRECT, durable\n"
     "            before it completes), 8 puts in flight\n"
     "  load      per chunk: kvt_tier_borrow from the dram tier (zero copy: the\n"
     "            payload's own pinned bytes, no get into a buffer), kvt_gpu_load\n"
-    "            into the blocks of other, shuffled slots with OFFLOAD_LOAD_FLAGS\n"
-    "            (now 0: header, key and every section checksum verified on the\n"
-    "            host before the launch; no TRUST flag), the loan returned once\n"
-    "            the stream passed the load (32 loans out at most)\n"
+    "            into the blocks of other, shuffled slots, no TRUST flag, with a\n"
+    "            verdict: header and key checked on the host, every section\n"
+    "            checksum on the GPU as the payload is staged; the verdict read\n"
+    "            and the loan returned once the stream passed the load (32 loans\n"
+    "            out at most)\n"
     "  trusted   the same with KVT_GPU_LOAD_TRUST_HOST: no section checksums, a\n"
     "            partial figure shown beside the verified one, never instead\n"
     "  nvme ld   per chunk: a get from the nvme tier (which checks its file's\n"
@@ -91,8 +93,9 @@ int cli_bench_offload_main(int argc, char **argv) {
 #include <cuda_runtime_api.h>
 
 /* The flags of every verified load ("load" and "nvme ld"), in one place.
- * 0: kvt_gpu_load checks the header, key and every loaded section's checksum
- * on the host before its launch. The help text says what this means. */
+ * 0: no TRUST flag; with a verdict (load_one) kvt_gpu_load checks the
+ * header and key on the host and every loaded section's checksum on the
+ * GPU as the payload is staged. The help text says what this means. */
 #define OFFLOAD_LOAD_FLAGS 0u
 
 #define LAYERS 32
@@ -124,6 +127,7 @@ typedef struct obench {
   int nvme_made;     /* nvme_dir was made here: removed at the end */
   uint8_t *hkv;      /* pinned: the context's bf16 K+V, the baselines' host side */
   uint8_t *pin;      /* pinned: NVME_QD buffers of `each` bytes for nvme gets */
+  kvt_gpu_verdict *verdicts; /* pinned: one per loan or get buffer in flight */
   size_t each;
   uint32_t iters;
   /* cudaMemcpyBatchAsync descriptors of the block pages, per direction */
@@ -253,6 +257,9 @@ static int setup_cache(obench *b) {
   kvt_gpu_layout_desc_vllm(&d, KVT_DTYPE_BF16, LAYERS, b->layers, b->nblocks, BS, HEADS, HDIM);
   if ((rc = kvt_gpu_layout_create(b->ctx, &d, &b->L)))
     return kv_fail(b, "layout", rc);
+  if ((rc = cu(cudaHostAlloc((void **)&b->verdicts, LOANS * sizeof(kvt_gpu_verdict),
+                             cudaHostAllocMapped), "cudaHostAlloc of the verdicts")))
+    return rc;
   return cu(cudaHostAlloc((void **)&b->hkv, kv_bytes(b->tokens), cudaHostAllocPortable),
             "cudaHostAlloc of the baselines' host buffer");
 }
@@ -549,6 +556,7 @@ static void teardown(obench *b) {
   cudaFree(b->slots);
   cudaFreeHost(b->hkv);
   cudaFreeHost(b->pin);
+  cudaFreeHost(b->verdicts);
   free(b->hslots);
   for (int d = 0; d < 2; d++) {
     free(b->bdst[d]);
@@ -654,16 +662,26 @@ static int phase_nvme_put(obench *b, uint32_t chunk, double *secs) {
   return rc;
 }
 
-/* Launches the load of chunk j's payload p into the loads' slots of chunk j. */
+/* Launches the load of chunk j's payload p into the loads' slots of chunk j;
+ * verified ones (no TRUST flag) with verdict b->verdicts[s]. */
 static int load_one(obench *b, uint32_t chunk, uint32_t j, const kvt_key *key, const void *p,
-                    uint64_t len, uint32_t flags) {
+                    uint64_t len, uint32_t flags, uint32_t s) {
   kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
   lp.expect_key = key;
   lp.tokens = chunk;
   lp.slots = b->slots + b->tokens + (size_t)j * chunk;
   lp.flags = flags;
+  lp.verdict = flags & KVT_GPU_LOAD_TRUST_HOST ? NULL : &b->verdicts[s];
   const int rc = kvt_gpu_load(b->L, p, (size_t)len, &lp, b->st);
   return rc ? kv_fail(b, "GPU load", rc) : 0;
+}
+
+/* The verdict of verified load slot s, once the stream passed it. */
+static int verdict_of(obench *b, uint32_t flags, uint32_t s) {
+  if (flags & KVT_GPU_LOAD_TRUST_HOST)
+    return 0;
+  const int rc = kvt_gpu_verdict_check(b->L, &b->verdicts[s]);
+  return rc ? kv_fail(b, "verified load", rc) : 0;
 }
 
 /* load: per chunk, a loan from the dram tier loaded in place; each loan is
@@ -677,6 +695,8 @@ static int phase_load_dram(obench *b, uint32_t chunk, uint32_t flags, double *se
     const uint32_t s = j % LOANS;
     if (out[s]) {
       rc = cu(cudaEventSynchronize(b->ev[s]), "load event");
+      if (!rc)
+        rc = verdict_of(b, flags, s);
       kvt_tier_return(b->dram, &loans[s]);
       out[s] = 0;
       if (rc)
@@ -688,14 +708,17 @@ static int phase_load_dram(obench *b, uint32_t chunk, uint32_t flags, double *se
       break;
     }
     out[s] = 1;
-    if (!(rc = load_one(b, chunk, j, &key, loans[s].data, loans[s].len, flags)))
+    if (!(rc = load_one(b, chunk, j, &key, loans[s].data, loans[s].len, flags, s)))
       rc = cu(cudaEventRecord(b->ev[s], b->st), "event record");
   }
-  const int r = cu(cudaStreamSynchronize(b->st), "load");
-  *secs = cli_now() - t0;
+  int r = cu(cudaStreamSynchronize(b->st), "load");
   for (uint32_t s = 0; s < LOANS; s++)
-    if (out[s])
+    if (out[s]) {
+      if (!r && !rc)
+        r = verdict_of(b, flags, s);
       kvt_tier_return(b->dram, &loans[s]);
+    }
+  *secs = cli_now() - t0;
   return rc ? rc : r;
 }
 
@@ -728,19 +751,23 @@ static int phase_load_nvme(obench *b, uint32_t chunk, double *secs) {
       break;
     }
     rc = load_one(b, chunk, j, &ops[s].key, b->pin + (size_t)s * b->each, ops[s].out_len,
-                  OFFLOAD_LOAD_FLAGS);
+                  OFFLOAD_LOAD_FLAGS, s);
     if (!rc)
       rc = cu(cudaEventRecord(b->ev[s], b->st), "event record");
-    if (!rc && j >= 1 && j - 1 + NVME_QD < n) { /* refill the previous buffer */
+    if (!rc && j >= 1) { /* the previous buffer's load: its verdict, then a refill */
       const uint32_t p = (j - 1) % NVME_QD;
       if (!(rc = cu(cudaEventSynchronize(b->ev[p]), "load event")))
+        rc = verdict_of(b, OFFLOAD_LOAD_FLAGS, p);
+      if (!rc && j - 1 + NVME_QD < n)
         rc = get_submit(b, chunk, j - 1 + NVME_QD, &ops[p], &busy[p]);
     }
   }
   for (uint32_t s = 0; s < NVME_QD; s++)
     if (busy[s])
       kvt_tier_wait(b->nvme, &ops[s], -1);
-  const int r = cu(cudaStreamSynchronize(b->st), "nvme load");
+  int r = cu(cudaStreamSynchronize(b->st), "nvme load");
+  if (!r && !rc && n > 0)
+    r = verdict_of(b, OFFLOAD_LOAD_FLAGS, (n - 1) % NVME_QD);
   *secs = cli_now() - t0;
   return rc ? rc : r;
 }
@@ -969,7 +996,8 @@ int cli_bench_offload_main(int argc, char **argv) {
     printf("tiers: %s; %s\n", kvt_tier_spec(b.dram),
            b.nvme ? kvt_tier_spec(b.nvme) : "no nvme");
     printf("verified loads: OFFLOAD_LOAD_FLAGS = 0x%x%s\n", OFFLOAD_LOAD_FLAGS,
-           OFFLOAD_LOAD_FLAGS == 0 ? " (checksums checked on the host by kvt_gpu_load)" : "");
+           OFFLOAD_LOAD_FLAGS == 0 ? " (with verdicts: section checksums verified on the GPU)"
+                                   : "");
     printf("wall times, medians of %u iterations after 1 warm-up; GB = 1e9 bytes\n", iters);
     fflush(stdout);
     rc = run_all(&b, codecs, n_codecs, chunks, n_chunks);

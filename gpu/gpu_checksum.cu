@@ -122,69 +122,88 @@ __device__ uint64_t piece_hash(const uint8_t *in, uint64_t len, int lane, unsign
   return finish_long(acc, len, lane, gmask);
 }
 
-/* Format 2: the XXH3-64 of piece b of section first + blockIdx.y into
- * dig[blockIdx.y * per + b]; 16 groups of 8 lanes per CTA, one piece each.
- * reset (verify): the gate word, set to ~0 before the combine reads it. */
-__global__ void __launch_bounds__(128) pieces_kernel(const uint8_t *table, const uint8_t *body,
-                                                     uint64_t lo, uint64_t hi, uint32_t first,
-                                                     uint64_t per, uint64_t *dig,
-                                                     uint32_t *reset) {
-  if (reset && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
-    *reset = ~0u;
-  const uint64_t b = (uint64_t)blockIdx.x * 16 + threadIdx.x / 8;
-  const int lane = threadIdx.x & 7;
-  const unsigned gmask = 0xFFu << (threadIdx.x & 24);
-  const uint8_t *e = table + HDR_FIXED + SEC_ENTRY * (uint64_t)(first + blockIdx.y);
-  const uint64_t off = kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET);
-  const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
-  const uint64_t start = b * KVT_PL_CHECKSUM_BLOCK;
-  /* the group's 8 lanes leave together */
-  if (b >= per || (b > 0 && start >= n) || !section_fits(off, n, lo, hi, per))
-    return;
-  const uint64_t take = n - start < KVT_PL_CHECKSUM_BLOCK ? n - start : KVT_PL_CHECKSUM_BLOCK;
-  const uint64_t h = piece_hash(body + off + start, take, lane, gmask);
-  if (lane == 0)
-    dig[(uint64_t)blockIdx.y * per + b] = h; /* little-endian, as the format's digests */
-}
-
 #define COMBINE_THREADS 256
 
-/* Format 2: one CTA; each group of 8 lanes hashes the pieces' digests of
- * its sections into their checksums: written (seal) or compared (verify).
- * Then, with a verdict and `done`, marks the verdict done: every check of
- * the load is complete (this is its last combine). */
-__global__ void __launch_bounds__(COMBINE_THREADS)
-    combine_kernel(uint8_t *table, uint64_t lo, uint64_t hi, uint32_t first, uint32_t count,
-                   uint64_t per, const uint64_t *dig, int write, uint32_t *gate,
-                   uint32_t *verdict, int done) {
+/* Format 2: threads [0, nthreads) of a CTA, a group of 8 lanes per
+ * section, hash the pieces' digests of sections [a.first, a.first +
+ * a.count) into their checksums: written (seal) or compared (verify). Then,
+ * with a verdict and a.done, mark the verdict done: every check of the load
+ * is complete (this is its last). Every thread of the CTA calls it. */
+__device__ void combine_sections(const kvt_gpu_sections &a, uint64_t per, unsigned nthreads) {
   const int lane = threadIdx.x & 7;
   const unsigned gmask = 0xFFu << (threadIdx.x & 24);
-  for (uint32_t g = threadIdx.x / 8; g < count; g += COMBINE_THREADS / 8) {
-    const uint32_t i = first + g;
-    uint8_t *e = table + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
+  for (uint32_t g = threadIdx.x / 8; g < a.count; g += nthreads / 8) {
+    const uint32_t i = a.first + g;
+    uint8_t *e = a.table + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
     const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
-    if (!section_fits(kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET), n, lo, hi, per)) {
-      if (lane == 0 && !write)
-        mismatch(i, gate, verdict);
+    if (!section_fits(kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET), n, a.lo, a.hi, per)) {
+      if (lane == 0 && !a.write)
+        mismatch(i, a.gate, a.verdict);
       continue;
     }
     const uint64_t pieces = n ? (n + KVT_PL_CHECKSUM_BLOCK - 1) / KVT_PL_CHECKSUM_BLOCK : 1;
-    const uint64_t h = group_hash(reinterpret_cast<const uint8_t *>(dig + (uint64_t)g * per),
+    const uint64_t h = group_hash(reinterpret_cast<const uint8_t *>(a.digests + (uint64_t)g * per),
                                   8 * pieces, lane, gmask);
     if (lane != 0)
       continue;
-    if (write)
+    if (a.write)
       *reinterpret_cast<uint64_t *>(e + KVT_PL_ENTRY_CHECKSUM) = h;
     else if (kvt_xxh3::rd64(e + KVT_PL_ENTRY_CHECKSUM) != h)
-      mismatch(i, gate, verdict);
+      mismatch(i, a.gate, a.verdict);
   }
-  if (verdict && done) {
+  if (a.verdict && a.done) {
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence_system();
-      *reinterpret_cast<volatile uint32_t *>(verdict + KVT_GPU_VERDICT_DONE) = 1;
+      *reinterpret_cast<volatile uint32_t *>(a.verdict + KVT_GPU_VERDICT_DONE) = 1;
     }
   }
+}
+
+/* Format 2: the XXH3-64 of piece b of section a.first + blockIdx.y into
+ * a.digests[blockIdx.y * per + b]; 16 groups of 8 lanes per CTA, one piece
+ * each. Verify: block (0, 0) first resets the gate. With a.counter, the last
+ * CTA to finish then combines every section (threadFenceReduction's
+ * pattern: the digests are fenced before the count) and zeroes the counter:
+ * one launch instead of two per piece of a staged transfer. */
+__global__ void __launch_bounds__(128) pieces_kernel(const kvt_gpu_sections a, uint64_t per) {
+  if (!a.write && a.gate && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+    *a.gate = ~0u;
+  const uint64_t b = (uint64_t)blockIdx.x * 16 + threadIdx.x / 8;
+  const int lane = threadIdx.x & 7;
+  const unsigned gmask = 0xFFu << (threadIdx.x & 24);
+  const uint8_t *e = a.table + HDR_FIXED + SEC_ENTRY * (uint64_t)(a.first + blockIdx.y);
+  const uint64_t off = kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET);
+  const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
+  const uint64_t start = b * KVT_PL_CHECKSUM_BLOCK;
+  /* the same for the group's 8 lanes */
+  if (b < per && (b == 0 || start < n) && section_fits(off, n, a.lo, a.hi, per)) {
+    const uint64_t take =
+        n - start < KVT_PL_CHECKSUM_BLOCK ? n - start : KVT_PL_CHECKSUM_BLOCK;
+    const uint64_t h = piece_hash(a.body + off + start, take, lane, gmask);
+    if (lane == 0)
+      a.digests[(uint64_t)blockIdx.y * per + b] = h; /* little-endian, as the format's */
+  }
+  if (!a.counter)
+    return;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last = atomicAdd(a.counter, 1u) == gridDim.x * gridDim.y - 1;
+  __syncthreads();
+  if (!last)
+    return;
+  __threadfence();
+  combine_sections(a, per, blockDim.x);
+  if (threadIdx.x == 0)
+    *a.counter = 0;
+}
+
+/* Format 2, without a counter: one CTA combines (combine_sections). */
+__global__ void __launch_bounds__(COMBINE_THREADS)
+    combine_kernel(const kvt_gpu_sections a, uint64_t per) {
+  combine_sections(a, per, COMBINE_THREADS);
 }
 
 /* Pieces per section for sections of at most max_stored bytes. */
@@ -217,19 +236,17 @@ extern "C" int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream) {
   }
   const uint64_t per = pieces_per(a->max_stored);
   const dim3 grid((unsigned)((per + 15) / 16), a->count);
-  pieces_kernel<<<grid, 128, 0, s>>>(a->table, a->body, a->lo, a->hi, a->first, per, a->digests,
-                                     a->write ? nullptr : a->gate);
-  combine_kernel<<<1, COMBINE_THREADS, 0, s>>>(a->table, a->lo, a->hi, a->first, a->count, per,
-                                               a->digests, a->write, a->gate, a->verdict,
-                                               a->done);
+  pieces_kernel<<<grid, 128, 0, s>>>(*a, per);
+  if (!a->counter)
+    combine_kernel<<<1, COMBINE_THREADS, 0, s>>>(*a, per);
   return (int)cudaGetLastError();
 }
 
 extern "C" int kvt_gpurt_seal(uint8_t *payload, uint64_t len, uint32_t sections,
                               uint64_t header_size, unsigned major, uint64_t max_stored,
                               uint64_t *digests, void *stream) {
-  const kvt_gpu_sections a = {payload, payload, 0, len, 0, sections, major, 1, max_stored,
-                              digests, nullptr, nullptr, 0};
+  const kvt_gpu_sections a = {payload, payload, 0,       len,     0,       sections, major,
+                              1,       max_stored, digests, nullptr, nullptr, 0,        nullptr};
   int e = kvt_gpurt_sections(&a, stream);
   if (e)
     return e;
@@ -241,6 +258,7 @@ extern "C" int kvt_gpurt_verify(const uint8_t *payload, uint64_t len, uint32_t f
                                 uint32_t count, unsigned major, uint64_t max_stored,
                                 uint64_t *digests, kvt_gpu_status *status, void *stream) {
   const kvt_gpu_sections a = {const_cast<uint8_t *>(payload), payload, 0, len, first, count,
-                              major, 0, max_stored, digests, &status->bad_section, nullptr, 0};
+                              major, 0, max_stored, digests, &status->bad_section, nullptr, 0,
+                              nullptr};
   return kvt_gpurt_sections(&a, stream);
 }

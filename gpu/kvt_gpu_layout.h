@@ -218,6 +218,9 @@ typedef struct kvt_gpu_sections {
   uint32_t *gate;
   uint32_t *verdict;
   int done;
+  /* NULL, or a device word that is 0: the pieces kernel's last CTA then
+   * combines (one launch), and zeroes it again. */
+  unsigned *counter;
 } kvt_gpu_sections;
 int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream);
 /* Compares the checksums of sections [first, first+count) with the table;

@@ -309,7 +309,7 @@ typedef struct kvt_gpu_load_params {
  * KVT_GPU_LOAD_STAGED is set; KVT_GPU_LOAD_ZERO_COPY says never), the copy
  * engine (cudaMemcpyAsync on the handle's own stream) copies them into the
  * staging slots in pieces of whole layers that shrink towards the end (half
- * of what is left, at least 2 MiB, at most a slot), and the kernel loads
+ * of what is left, at least 8 MiB, at most a slot), and the kernel loads
  * each piece from device memory while the next one copies. The copy moves
  * the payload's compressed bytes only; dequantization still happens in the
  * kernel's registers (measured ratios to cudaMemcpy: README.md, GPU

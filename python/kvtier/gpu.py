@@ -34,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import weakref
 from ctypes import POINTER, Structure, c_int, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
-from typing import Any, Deque, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -104,6 +104,16 @@ class kvt_gpu_load_params(Structure):
         ("layer_events", POINTER(c_void_p)),
         ("header", c_void_p),
         ("header_len", c_size_t),
+        ("verdict", c_void_p),
+    ]
+
+
+class kvt_gpu_verdict(Structure):
+    _fields_ = [
+        ("done", c_uint32),
+        ("bad_section", c_uint32),
+        ("layer_begin", c_uint32),
+        ("sections", c_uint32),
     ]
 
 
@@ -125,6 +135,7 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "kvt_gpu_store_finish": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p]),
     "kvt_gpu_load": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(kvt_gpu_load_params),
                              c_void_p]),
+    "kvt_gpu_verdict_check": (c_int, [c_void_p, c_void_p]),
 }
 
 
@@ -378,21 +389,35 @@ class Transfer:
     reads or writes (the slot mapping, the payload buffer) alive until the
     stream has passed it."""
 
-    def __init__(self, event: Any, keep: List[Any]) -> None:
+    def __init__(self, event: Any, keep: List[Any],
+                 check: Optional[Callable[[], None]] = None) -> None:
         self._event = event
         self._keep: Optional[List[Any]] = keep
+        self._check = check  # a load verified on the GPU: reads its verdict
+
+    def _passed(self) -> None:
+        check, self._check = self._check, None
+        try:
+            if check is not None:
+                check()
+        finally:
+            self._keep = None
 
     def done(self) -> bool:
-        """Whether the GPU has finished the work (no waiting)."""
+        """Whether the GPU has finished the work (no waiting). For a load
+        verified on the GPU, the first True also checks its verdict and
+        raises Error (KVT_ECHECKSUM) if a section did not match."""
         ok = bool(self._event.query())
         if ok:
-            self._keep = None
+            self._passed()
         return ok
 
     def wait(self) -> None:
-        """Blocks the host until the GPU has finished the work."""
+        """Blocks the host until the GPU has finished the work; then, for a
+        load verified on the GPU, raises Error (KVT_ECHECKSUM: treat the
+        chunk as a miss) if a section did not match."""
         self._event.synchronize()
-        self._keep = None
+        self._passed()
 
 
 class StoreJob(Transfer):
@@ -765,7 +790,7 @@ class PagedKV:
              layer_events: Optional[Sequence[Any]] = None,
              expect_key: Optional[KeyLike] = None,
              expect_fingerprint: Optional[KeyLike] = None, trust: bool = False,
-             stream: Any = None) -> Transfer:
+             verify_on_gpu: bool = False, stream: Any = None) -> Transfer:
         """Checks the payload and launches its load into the slots of
         block_ids on `stream`; returns once launched (Transfer.wait() or
         the stream's order tells when the KV is in place).
@@ -788,6 +813,15 @@ class PagedKV:
             payload (KVT_EFOREIGN).
         trust: skip the section checksums (the caller verified the bytes,
             e.g. kvtier.verify(), and nothing wrote them since).
+        verify_on_gpu: the section checksums are computed by the GPU as the
+            payload moves (a host payload is staged through device memory
+            and hashed there), in stream order, instead of on the host
+            before the launch: the returned Transfer's wait() (or done())
+            raises Error KVT_ECHECKSUM if a section did not match. The load
+            kernel of a piece that failed writes nothing, but other layers
+            may be loaded: treat the chunk as a miss and recompute it. The
+            header, key, fingerprint and shape are still checked before the
+            launch (errors raised here).
 
         Raises Error: KVT_ECHECKSUM, KVT_ETRUNC, KVT_EFORMAT, KVT_ECORRUPT
         (a damaged payload: nothing was written), KVT_EFOREIGN, KVT_ESHAPE
@@ -809,6 +843,12 @@ class PagedKV:
                 setattr(lp, name, ctypes.pointer(c))
         lp.layer_first, lp.layer_count = int(layer_first), int(layer_count)
         lp.flags = (LOAD_TRUST_HOST | LOAD_TRUST_DEVICE) if trust else 0
+        verdict = None
+        if verify_on_gpu and not trust:
+            # Pinned (mapped) host memory the GPU writes the outcome into.
+            verdict = torch.zeros(ctypes.sizeof(kvt_gpu_verdict), dtype=torch.uint8,
+                                  pin_memory=True)
+            lp.verdict = verdict.data_ptr()
         events = None
         if layer_events is not None:
             if layer_count and layer_count != len(layer_events):
@@ -828,21 +868,25 @@ class PagedKV:
                 self._loaders.put(loader)
             done = torch.cuda.Event()
             done.record(ts)
-        return Transfer(done, [slots, keep, refs, events])
+        return Transfer(done, [slots, keep, refs, events, verdict],
+                        self._verdict_check(loader, verdict))
 
     def load_many(self, payloads: Sequence[Any], block_ids: Sequence[Any], *,
                   lengths: Optional[Sequence[Optional[int]]] = None,
                   keys: Optional[Sequence[Optional[KeyLike]]] = None,
                   expect_fingerprint: Optional[KeyLike] = None, threads: int = 4,
-                  stream: Any = None) -> Transfer:
+                  verify_on_gpu: bool = False, stream: Any = None) -> Transfer:
         """Loads several payloads (payloads[i], lengths[i] bytes, into
         block_ids[i], expecting keys[i]) on one stream. Host payloads are
         verified (every section's checksum, kvtier.verify) on `threads` host
         threads while the ones before them load, each launched as soon as it
         and those before it are verified; device payloads are checked on the
-        GPU. Returns one Transfer for all. Raises the first Error (a damaged,
-        foreign or misshapen payload): the payloads before it are loaded,
-        none after it (treat the whole set as not loaded)."""
+        GPU. With verify_on_gpu every payload's sections are verified by the
+        GPU as it loads (load()), and the returned Transfer's wait() raises
+        the first failed verdict. Returns one Transfer for all. Raises the
+        first Error (a damaged, foreign or misshapen payload): the payloads
+        before it are loaded, none after it (treat the whole set as not
+        loaded)."""
         from .payload import verify
 
         n = len(payloads)
@@ -858,6 +902,19 @@ class PagedKV:
             host = mem_kind(addr) != MEM_DEVICE
             views.append((np.ctypeslib.as_array((ctypes.c_uint8 * ln).from_address(addr))
                           if host else None, ln, keep))
+        if verify_on_gpu:
+            loads = [self.load(payloads[i], block_ids[i], length=views[i][1],
+                               expect_key=keys[i] if keys else None,
+                               expect_fingerprint=expect_fingerprint, verify_on_gpu=True,
+                               stream=stream) for i in range(n)]
+            if not loads:
+                raise ValueError("kvtier: load_many of no payloads")
+
+            def check_all() -> None:
+                for t in loads:
+                    t.wait()  # the stream passed the last one: no waiting
+
+            return Transfer(loads[-1]._event, [views, loads], check_all)
         last: Optional[Transfer] = None
         with ThreadPoolExecutor(max(1, threads)) as pool:
             checks = [pool.submit(verify, v[0]) if v[0] is not None else None for v in views]
@@ -877,6 +934,17 @@ class PagedKV:
         if last is None:
             raise ValueError("kvtier: load_many of no payloads")
         return Transfer(last._event, [views, last._keep])
+
+    def _verdict_check(self, loader: "_Handle", verdict: Any) -> Optional[Callable[[], None]]:
+        """What reads a GPU-verified load's verdict once its stream passed it
+        (kvt_gpu_verdict_check; raises Error), or None for other loads."""
+        if verdict is None:
+            return None
+
+        def check() -> None:
+            self._call(loader, lib.kvt_gpu_verdict_check, verdict.data_ptr())
+
+        return check
 
     # --- through a kvtier cache --------------------------------------------------
 

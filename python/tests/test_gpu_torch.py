@@ -203,6 +203,43 @@ def test_device_payloads_layer_events_and_side_streams() -> None:
         kv.load(buf, dst, layer_count=1, layer_events=ev2)
 
 
+def test_loads_verified_on_the_gpu_restore_and_refuse_corruption() -> None:
+    """verify_on_gpu: the GPU computes the section checksums as the payload
+    moves; a clean payload restores what a host-verified load does, from
+    pinned and from device memory (also through load_many), and a flipped
+    section byte makes wait() raise KVT_ECHECKSUM with nothing written (one
+    staged piece here)."""
+    raw, views = make_cache()
+    kv = kg.PagedKV(views)
+    src, dst = shuffled_ids(4, seed=5)
+    buf = kg.PinnedBuffer(kv.store_bound(4 * N, "k16v8"))
+    n = kv.store(src, buf, codec="k16v8")
+    torch.cuda.synchronize()
+    base = raw.clone()
+    kv.load(buf, dst, length=n).wait()
+    want = raw.clone()
+    assert not torch.equal(want, base)
+    dev = torch.from_numpy(buf.array[:n].copy()).cuda()
+    for payload in (buf, dev):
+        raw.copy_(base)
+        kv.load(payload, dst, length=n, verify_on_gpu=True).wait()
+        assert torch.equal(raw, want)
+    raw.copy_(base)
+    kv.load_many([buf, dev], [dst, dst], lengths=[n, n], verify_on_gpu=True).wait()
+    assert torch.equal(raw, want)
+    raw.copy_(base)
+    before = raw.clone()
+    for payload in (buf.array, dev):
+        payload[n - 100] ^= 0x10  # a byte of the last section
+        t = kv.load(buf if payload is buf.array else dev, dst, length=n, verify_on_gpu=True)
+        with pytest.raises(kvtier.Error) as e:
+            t.wait()
+        assert e.value.code == ErrorCode.ECHECKSUM and "computed on the GPU" in e.value.detail
+        torch.cuda.synchronize()
+        assert torch.equal(raw, before)
+        payload[n - 100] ^= 0x10
+
+
 def test_through_a_cache_hits_misses_and_corruption() -> None:
     raw, views = make_cache("BLNHC")
     kv = kg.PagedKV(views)

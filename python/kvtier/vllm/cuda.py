@@ -19,7 +19,6 @@ import numpy as np
 from .. import gpu
 from ..errors import Error, ErrorCode
 from ..keys import Key
-from ..payload import verify
 from .config import CacheShape
 
 
@@ -101,17 +100,16 @@ class CudaDevice:
             buf = self._pinned(payload.size)
             buf[:payload.size] = payload
             payload = buf[:payload.size]
-        # Every section's checksum is checked here, on this thread, before the
-        # load is launched with trust=True: the handle serializes its calls,
-        # so a check inside kvt_gpu_load would let one thread check at a time.
-        # kvt_gpu_load still checks the header, key, fingerprint and shape.
-        verify(payload)
+        # kvt_gpu_load checks the header, key, fingerprint and shape before the
+        # launch; every section's checksum is computed by the GPU as the
+        # payload is staged, and wait() raises KVT_ECHECKSUM if one did not
+        # match (the failed piece is not written; the chunk is a miss).
         with torch.cuda.stream(s):
             # A CUDA tensor of ids is taken as it is: the slots of a -1 block are
             # negative, and the load kernel skips slots outside the cache.
             ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.kv.device)
         self.kv.load(payload, ids, expect_key=key, expect_fingerprint=self.fingerprint,
-                     trust=True, stream=s).wait()
+                     verify_on_gpu=True, stream=s).wait()
 
     def _pinned(self, nbytes: int) -> np.ndarray:
         buf: Optional[gpu.PinnedBuffer] = getattr(self._local, "staging", None)

@@ -643,6 +643,21 @@ static int store_stageable(const kvt_gpu_layout *L, const kvt_gpu_kparams *kp, u
   return 1;
 }
 
+/* After a failure midway through a staged transfer: work already queued on
+ * stream and the copy stream may still use the slots and the caller's
+ * memory. Marks slot (NSLOT: none) free after stream's work, joins the copy
+ * stream into stream and waits for stream, so that nothing queued runs
+ * once the call has returned its error. Best effort: errors are ignored
+ * (the caller reports the first one). */
+static void staged_abandon(kvt_gpu_layout *L, uint32_t slot, void *stream) {
+  if (slot < NSLOT)
+    (void)kvt_gpurt_event_record(L->ev_free[slot], stream);
+  if (kvt_gpurt_event_record(L->ev_start, L->copy_stream) == 0)
+    (void)kvt_gpurt_stream_wait(stream, L->ev_start);
+  (void)kvt_gpurt_sync(stream);
+  (void)kvt_gpurt_sync(L->copy_stream);
+}
+
 /* A store into pinned memory through the staging slots, in pieces of whole
  * layers (as load_staged): the store kernel writes a piece into a slot, the
  * checksum kernels seal its sections there (checksums into dst's table,
@@ -651,7 +666,7 @@ static int store_stageable(const kvt_gpu_layout *L, const kvt_gpu_kparams *kp, u
 static int store_staged(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, uint8_t *dst,
                         uint8_t *dst_dev, uint64_t size, void *stream) {
   uint64_t left = size - kvt_gpu_sec_offset(kp, 0, 0);
-  int e = 0, rc;
+  int e = 0;
   for (uint32_t i = 0; e == 0 && i < kp->payload_layers;) {
     uint64_t begin, end, nb, ne;
     store_span(kp, i, size, &begin, &end);
@@ -673,30 +688,37 @@ static int store_staged(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, uint8_t *d
     piece.count = n;
     if (i > 0)
       piece.flags |= KVT_GPU_KP_KEEP_STATUS; /* the first piece's launch reset it */
-    uint64_t *dig = NULL;
-    if ((e = kvt_gpurt_stream_wait(stream, L->ev_free[slot])) != 0)
-      break;
-    if ((e = kvt_gpurt_store(&piece, stream)) != 0)
-      return cuda_fail(L->ctx, e, "store kernel launch");
+    uint64_t *dig = NULL; /* allocated before the slot is touched */
     if ((e = slot_digests(L, slot, &piece, &dig)) != 0)
       return cuda_fail(L->ctx, e, "cudaMalloc of the checksum scratch");
+    const char *what = "staged store (copy stream, events)";
+    if ((e = kvt_gpurt_stream_wait(stream, L->ev_free[slot])) != 0)
+      break;
     const kvt_gpu_sections sec = {dst_dev, piece.payload, begin, end, 2 * i, 2 * n,
                                   KVT_FORMAT_VERSION, 1, max_section(&piece), dig,
-                                  NULL, NULL, 0, L->gates + NSLOT + slot};
-    if ((e = kvt_gpurt_sections(&sec, stream)) != 0)
-      return cuda_fail(L->ctx, e, "checksum kernel launch");
-    if ((e = kvt_gpurt_event_record(L->ev_copied[slot], stream)) != 0 ||
-        (e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_copied[slot])) != 0 ||
-        (e = kvt_gpurt_copy_d2h_async(dst + begin, buf, end - begin, L->copy_stream)) != 0 ||
-        (e = kvt_gpurt_event_record(L->ev_free[slot], L->copy_stream)) != 0)
-      break;
+                                  NULL, NULL, 0, L->gates + NSLOT + slot, 0, 0};
+    if ((e = kvt_gpurt_store(&piece, stream)) != 0)
+      what = "store kernel launch";
+    else if ((e = kvt_gpurt_sections(&sec, stream)) != 0)
+      what = "checksum kernel launch";
+    else if ((e = kvt_gpurt_event_record(L->ev_copied[slot], stream)) == 0 &&
+             (e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_copied[slot])) == 0 &&
+             (e = kvt_gpurt_copy_d2h_async(dst + begin, buf, end - begin, L->copy_stream)) == 0)
+      e = kvt_gpurt_event_record(L->ev_free[slot], L->copy_stream);
+    if (e) {
+      staged_abandon(L, slot, stream);
+      return cuda_fail(L->ctx, e, what);
+    }
     left -= left < end - begin ? left : end - begin;
     i += n;
   }
   if (e == 0 && (e = kvt_gpurt_event_record(L->ev_start, L->copy_stream)) == 0)
     e = kvt_gpurt_stream_wait(stream, L->ev_start);
-  rc = e ? cuda_fail(L->ctx, e, "staged store (copy stream, events)") : 0;
-  return rc;
+  if (e) {
+    staged_abandon(L, NSLOT, stream);
+    return cuda_fail(L->ctx, e, "staged store (copy stream, events)");
+  }
+  return 0;
 }
 
 int kvt_gpu_store_async(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *dst, size_t cap,
@@ -765,6 +787,10 @@ int kvt_gpu_store_finish(kvt_gpu_layout *L, void *dst_, size_t len, void *stream
   kvt_ctx *ctx = L->ctx;
   kvt_clear_error(ctx);
   uint8_t *dst = dst_;
+  /* Whether kvt_gpu_store_async sealed this payload on the GPU; forgotten on
+   * every return, so a later store into the same memory is not mistaken. */
+  const int gpu_sealed = dst && L->sealed_dst == dst;
+  L->sealed_dst = NULL;
   int e = kvt_gpurt_sync(stream);
   if (e)
     return cuda_fail(ctx, e, "cudaStreamSynchronize after the store kernel");
@@ -791,8 +817,6 @@ int kvt_gpu_store_finish(kvt_gpu_layout *L, void *dst_, size_t len, void *stream
   if (h.header_size != kvt_header_size(h.sections) || h.header_size > len || h.size != len)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_finish: not the payload kvt_gpu_store_async "
                     "wrote (length %zu)", len);
-  const int gpu_sealed = L->sealed_dst == dst;
-  L->sealed_dst = NULL;
   for (uint32_t i = 0; i < h.sections && !gpu_sealed; i++) {
     kvt_section_info s;
     kvt_section_entry_get(dst, i, &s);
@@ -908,14 +932,27 @@ static int load_check(kvt_gpu_layout *L, const kvt_payload_info *in,
 }
 
 /* The loaded sections' checksums of a device payload, on the GPU; waits. */
+/* The detail of a verify's mismatch `bad` on the GPU (a section, or
+ * KVT_GPU_BAD_HEADER) in ctx: KVT_ECHECKSUM or KVT_EFOREIGN. */
+static int gpu_mismatch(kvt_ctx *ctx, uint32_t bad, uint32_t layer_begin) {
+  if (bad == KVT_GPU_BAD_HEADER)
+    return kvt_fail(ctx, KVT_EFOREIGN, "the device payload's header checksum is not that of "
+                    "the header copy passed with it (another payload, or a damaged header); "
+                    "nothing was loaded");
+  return kvt_fail(ctx, KVT_ECHECKSUM, "section %u (layer %u %s) of the payload: checksum "
+                  "mismatch (computed on the GPU); its layers were not loaded, treat the chunk "
+                  "as a miss", bad, layer_begin + bad / 2, bad % 2 ? "V" : "K");
+}
+
 static int verify_on_gpu(kvt_gpu_layout *L, const uint8_t *dev, size_t len, unsigned major,
-                         const kvt_gpu_kparams *kp, void *stream) {
+                         const kvt_gpu_kparams *kp, const uint64_t *expect_header,
+                         void *stream) {
   kvt_gpu_status *st = (kvt_gpu_status *)L->dev_aux, host;
   uint64_t *dig = NULL;
   int e = major >= 2 ? digests_for(L, 2 * kp->count, kp, &dig) : 0;
   if (e == 0)
     e = kvt_gpurt_verify(dev, len, 2 * kp->first, 2 * kp->count, major, max_section(kp), dig,
-                         st, stream);
+                         st, expect_header, stream);
   if (e == 0)
     e = kvt_gpurt_sync(stream);
   if (e == 0)
@@ -923,9 +960,7 @@ static int verify_on_gpu(kvt_gpu_layout *L, const uint8_t *dev, size_t len, unsi
   if (e)
     return cuda_fail(L->ctx, e, "checksum kernel");
   if (host.bad_section != UINT32_MAX)
-    return kvt_fail(L->ctx, KVT_ECHECKSUM, "section %u (layer %u %s) of the device payload: "
-                    "checksum mismatch (computed on the GPU)", host.bad_section,
-                    kp->layer_begin + host.bad_section / 2, host.bad_section % 2 ? "V" : "K");
+    return gpu_mismatch(L->ctx, host.bad_section, kp->layer_begin);
   return 0;
 }
 
@@ -985,6 +1020,8 @@ typedef struct gpu_check {
   uint8_t *table;
   unsigned major;
   uint32_t *verdict;
+  int check_header;       /* a device payload loaded with a caller's header copy: */
+  uint64_t expect_header; /* the copy's header checksum */
 } gpu_check;
 
 /* Queues the checks of piece's layers (payload bytes [lo, hi) at body + lo)
@@ -996,9 +1033,14 @@ static int check_piece(kvt_gpu_layout *L, const gpu_check *chk, uint32_t slot,
   int e = chk->major >= 2 ? slot_digests(L, slot, piece, &dig) : 0;
   if (e)
     return cuda_fail(L->ctx, e, "cudaMalloc of the checksum scratch");
-  const kvt_gpu_sections sec = {chk->table, body, lo, hi, 2 * piece->first, 2 * piece->count,
-                                chk->major, 0, max_section(piece), dig, L->gates + slot,
-                                chk->verdict, last, L->gates + NSLOT + slot};
+  const kvt_gpu_sections sec = {chk->table,       body,
+                                lo,               hi,
+                                2 * piece->first, 2 * piece->count,
+                                chk->major,       0,
+                                max_section(piece), dig,
+                                L->gates + slot,  chk->verdict,
+                                last,             L->gates + NSLOT + slot,
+                                chk->check_header, chk->expect_header};
   if ((e = kvt_gpurt_sections(&sec, stream)) != 0)
     return cuda_fail(L->ctx, e, "checksum kernel launch");
   piece->gate = L->gates + slot;
@@ -1046,14 +1088,20 @@ static int load_staged(kvt_gpu_layout *L, const uint8_t *host, const kvt_gpu_kpa
                  : 0;
     if (rc == 0)
       rc = launch_layers(L, &piece, events, i - kp->first, stream);
-    if (rc)
+    if (rc) {
+      staged_abandon(L, slot, stream);
       return rc;
+    }
     if ((e = kvt_gpurt_event_record(L->ev_free[slot], stream)) != 0)
       break;
     left -= left < end - begin ? left : end - begin;
     i += n;
   }
-  return e ? cuda_fail(L->ctx, e, "staged load (copy stream, events)") : 0;
+  if (e) {
+    staged_abandon(L, NSLOT, stream);
+    return cuda_fail(L->ctx, e, "staged load (copy stream, events)");
+  }
+  return 0;
 }
 
 /* A device payload verified on the GPU: the checksum kernels of every
@@ -1073,8 +1121,10 @@ static int load_device_checked(kvt_gpu_layout *L, const uint8_t *dev, size_t len
   int rc = check_piece(L, chk, slot, kp, dev, 0, len, 1, stream);
   if (rc == 0)
     rc = launch_layers(L, kp, events, 0, stream);
-  if (rc)
+  if (rc) {
+    staged_abandon(L, slot, stream);
     return rc;
+  }
   if ((e = kvt_gpurt_event_record(L->ev_free[slot], stream)) != 0)
     return cuda_fail(L->ctx, e, "cudaEventRecord");
   return 0;
@@ -1086,16 +1136,12 @@ int kvt_gpu_verdict_check(kvt_gpu_layout *L, const kvt_gpu_verdict *v) {
   kvt_clear_error(L->ctx);
   if (!v)
     return kvt_fail(L->ctx, -EINVAL, "kvt_gpu_verdict_check: NULL verdict");
-  const volatile kvt_gpu_verdict *w = v;
-  if (!w->done)
+  /* Acquire: bad_section is written before done (a system fence between). */
+  if (!__atomic_load_n(&v->done, __ATOMIC_ACQUIRE))
     return kvt_fail(L->ctx, -EAGAIN, "the load's checks have not run yet: wait for its stream "
                     "before reading the verdict");
-  const uint32_t bad = w->bad_section;
-  if (bad == UINT32_MAX)
-    return 0;
-  return kvt_fail(L->ctx, KVT_ECHECKSUM, "section %u (layer %u %s) of the payload: checksum "
-                  "mismatch (computed on the GPU); its layers were not loaded, treat the chunk "
-                  "as a miss", bad, w->layer_begin + bad / 2, bad % 2 ? "V" : "K");
+  const uint32_t bad = __atomic_load_n(&v->bad_section, __ATOMIC_RELAXED);
+  return bad == UINT32_MAX ? 0 : gpu_mismatch(L->ctx, bad, v->layer_begin);
 }
 
 KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_verdict, done) == 4 * KVT_GPU_VERDICT_DONE,
@@ -1173,13 +1219,19 @@ int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
     rc = load_sections(ctx, hdr, host_check ? payload : NULL, in.version_major, &kp);
   }
   kvt_dealloc(ctx, copy);
+  /* A caller's header copy: the device table the kernels read must be the
+   * header checked here (its checksum field, which covers the table). */
+  const int copy_used = kind == KVT_GPU_MEM_DEVICE && has_header;
+  const uint64_t expect_header = copy_used ? kvt_ld64(hdr + KVT_PL_HEADER_CHECKSUM) : 0;
   if (rc == 0 && kind == KVT_GPU_MEM_DEVICE && !(p->flags & KVT_GPU_LOAD_TRUST_DEVICE) &&
       !gpu_checked)
-    rc = verify_on_gpu(L, dev, len, in.version_major, &kp, stream);
+    rc = verify_on_gpu(L, dev, len, in.version_major, &kp, copy_used ? &expect_header : NULL,
+                       stream);
   if (rc)
     return rc;
-  gpu_check chk = {dev, in.version_major, vdev};
+  gpu_check chk = {dev, in.version_major, vdev, copy_used, expect_header};
   if (verdict) {
+    memset(verdict, 0, sizeof(*verdict));
     verdict->bad_section = UINT32_MAX;
     verdict->layer_begin = in.layer_begin;
     verdict->sections = 2 * count;

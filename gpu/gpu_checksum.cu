@@ -50,10 +50,14 @@ __device__ __forceinline__ void mismatch(uint32_t i, uint32_t *gate, uint32_t *v
 /* Format 1: one group of 8 lanes per section: write (seal) or compare. */
 __global__ void sections_hash_kernel(uint8_t *table, const uint8_t *body, uint64_t lo,
                                      uint64_t hi, uint32_t first, uint32_t count, int write,
-                                     uint32_t *gate, uint32_t *verdict) {
+                                     uint32_t *gate, uint32_t *verdict, int check_header,
+                                     uint64_t expect_header) {
   const uint32_t g = (blockIdx.x * blockDim.x + threadIdx.x) / 8;
   const int lane = threadIdx.x & 7;
   const unsigned gmask = 0xFFu << (threadIdx.x & 24);
+  if (g == 0 && lane == 0 && check_header &&
+      kvt_xxh3::rd64(table + KVT_PL_HEADER_CHECKSUM) != expect_header)
+    mismatch(KVT_GPU_BAD_HEADER, gate, verdict);
   if (g >= count) /* the group's 8 lanes leave together */
     return;
   const uint32_t i = first + g;
@@ -132,6 +136,9 @@ __device__ uint64_t piece_hash(const uint8_t *in, uint64_t len, int lane, unsign
 __device__ void combine_sections(const kvt_gpu_sections &a, uint64_t per, unsigned nthreads) {
   const int lane = threadIdx.x & 7;
   const unsigned gmask = 0xFFu << (threadIdx.x & 24);
+  if (threadIdx.x == 0 && a.check_header &&
+      kvt_xxh3::rd64(a.table + KVT_PL_HEADER_CHECKSUM) != a.expect_header)
+    mismatch(KVT_GPU_BAD_HEADER, a.gate, a.verdict);
   for (uint32_t g = threadIdx.x / 8; g < a.count; g += nthreads / 8) {
     const uint32_t i = a.first + g;
     uint8_t *e = a.table + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
@@ -229,7 +236,8 @@ extern "C" int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream) {
       return (int)e;
     const unsigned blocks = (a->count * 8 + 127) / 128;
     sections_hash_kernel<<<blocks, 128, 0, s>>>(a->table, a->body, a->lo, a->hi, a->first,
-                                                a->count, a->write, a->gate, a->verdict);
+                                                a->count, a->write, a->gate, a->verdict,
+                                                a->check_header, a->expect_header);
     if (a->verdict && a->done)
       verdict_done_kernel<<<1, 1, 0, s>>>(a->verdict);
     return (int)cudaGetLastError();
@@ -245,8 +253,8 @@ extern "C" int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream) {
 extern "C" int kvt_gpurt_seal(uint8_t *payload, uint64_t len, uint32_t sections,
                               uint64_t header_size, unsigned major, uint64_t max_stored,
                               uint64_t *digests, void *stream) {
-  const kvt_gpu_sections a = {payload, payload, 0,       len,     0,       sections, major,
-                              1,       max_stored, digests, nullptr, nullptr, 0,        nullptr};
+  const kvt_gpu_sections a = {payload, payload, 0,       len,     0,       sections, major, 1,
+                              max_stored, digests, nullptr, nullptr, 0, nullptr, 0, 0};
   int e = kvt_gpurt_sections(&a, stream);
   if (e)
     return e;
@@ -256,9 +264,23 @@ extern "C" int kvt_gpurt_seal(uint8_t *payload, uint64_t len, uint32_t sections,
 
 extern "C" int kvt_gpurt_verify(const uint8_t *payload, uint64_t len, uint32_t first,
                                 uint32_t count, unsigned major, uint64_t max_stored,
-                                uint64_t *digests, kvt_gpu_status *status, void *stream) {
-  const kvt_gpu_sections a = {const_cast<uint8_t *>(payload), payload, 0, len, first, count,
-                              major, 0, max_stored, digests, &status->bad_section, nullptr, 0,
-                              nullptr};
+                                uint64_t *digests, kvt_gpu_status *status,
+                                const uint64_t *expect_header, void *stream) {
+  const kvt_gpu_sections a = {const_cast<uint8_t *>(payload),
+                              payload,
+                              0,
+                              len,
+                              first,
+                              count,
+                              major,
+                              0,
+                              max_stored,
+                              digests,
+                              &status->bad_section,
+                              nullptr,
+                              0,
+                              nullptr,
+                              expect_header != nullptr,
+                              expect_header ? *expect_header : 0};
   return kvt_gpurt_sections(&a, stream);
 }

@@ -221,7 +221,14 @@ typedef struct kvt_gpu_sections {
   /* NULL, or a device word that is 0: the pieces kernel's last CTA then
    * combines (one launch), and zeroes it again. */
   unsigned *counter;
+  /* Verify with a caller's header copy: the table's header checksum field
+   * must equal expect_header, else KVT_GPU_BAD_HEADER is the mismatch. */
+  int check_header;
+  uint64_t expect_header;
 } kvt_gpu_sections;
+/* The mismatch a verify reports when the table read on the device is not
+ * the header the host checked (check_header). */
+#define KVT_GPU_BAD_HEADER 0xFFFFFFFEu
 int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream);
 /* Compares the checksums of sections [first, first+count) with the table;
  * the lowest mismatching section goes to st->bad_section (~0 if none).
@@ -230,7 +237,7 @@ int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream);
  * counts as a mismatch. */
 int kvt_gpurt_verify(const uint8_t *payload, uint64_t len, uint32_t first, uint32_t count,
                      unsigned major, uint64_t max_stored, uint64_t *digests, kvt_gpu_status *st,
-                     void *stream);
+                     const uint64_t *expect_header, void *stream);
 /* Words of digest scratch for count sections of at most max_stored bytes. */
 uint64_t kvt_gpurt_digest_words(uint32_t count, uint64_t max_stored);
 /* Launches the store (with its layer-scale pre-pass when the spec needs one,

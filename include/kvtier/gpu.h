@@ -63,8 +63,11 @@ typedef struct kvt_gpu_layout_desc {
   void *const *v_layers;       /* NULL: V is in the k_layers tensors too */
   /* Appended in 0.3 (a descriptor whose struct_size ends before it reads as
    * 0): device memory the handle keeps for staged loads from pinned host
-   * payloads (see kvt_gpu_load), 0 for none. The fillers below set
-   * KVT_GPU_STAGING_DEFAULT. */
+   * payloads (see kvt_gpu_load), for stores into pinned memory sealed on
+   * the GPU (kvt_gpu_store_async) and for the checksum scratch of loads
+   * verified on the GPU; 0 for none (stores into pinned memory are then
+   * sealed on the host, and verdicts are done on return). The fillers below
+   * set KVT_GPU_STAGING_DEFAULT. */
   uint64_t staging_bytes;
 } kvt_gpu_layout_desc;
 
@@ -138,8 +141,11 @@ typedef struct kvt_gpu_layout kvt_gpu_layout;
 /* Registers a layout on the current CUDA device: checks the descriptor,
  * copies the per-layer pointers into device memory, allocates the handle's
  * small device status buffer and its staging memory (staging_bytes), and
- * creates its copy stream and events (the only device allocations; none on
- * the data path). *out is written only on success. ctx must outlive the
+ * creates its copy stream and events. On the data path only the checksum
+ * scratch grows (cudaMalloc; cudaFree waits for the device), the first time
+ * a payload's sections need more digests than the handle made for its
+ * staging slots (a device payload of more than about 50 MiB verified on the
+ * GPU, or a very uneven raw-layer shape). *out is written only on success. ctx must outlive the
  * handle. Returns 0, -EINVAL (NULL argument, struct_size too small),
  * KVT_ESHAPE (dtype, zero or oversized dimension, a head_dim row that is not
  * contiguous, a NULL layer pointer), KVT_ECUDA, -ENOMEM, KVT_ENOTSUP. */
@@ -257,9 +263,11 @@ enum kvt_gpu_load_flags {
  * reads it once the stream has passed the load. */
 typedef struct kvt_gpu_verdict {
   uint32_t done;        /* 0 until every check of the load has run, then 1 */
-  uint32_t bad_section; /* ~0u: every checked section matched; else one that did not */
+  uint32_t bad_section; /* ~0u: every checked section matched; else one that did not
+                           (0xFFFFFFFE: the device header is not the caller's copy) */
   uint32_t layer_begin; /* the payload's first absolute layer (for messages) */
   uint32_t sections;    /* sections the load reads */
+  uint32_t reserved[4]; /* written 0 by kvt_gpu_load: later outputs */
 } kvt_gpu_verdict;
 
 typedef struct kvt_gpu_load_params {
@@ -320,7 +328,8 @@ typedef struct kvt_gpu_load_params {
  * loads on one handle share its slots and are ordered by events, so loads
  * on several streams stay correct but do not overlap each other's copies.
  *
- * What is verified before the launch, on the host:
+ * What is verified before the launch, on the host (with a verdict, the
+ * section checksums are verified on the GPU instead: see below):
  * - payload in mapped pinned host memory: everything kvt_decode checks -
  *   the header checksum, every header field and section-table entry, the
  *   key and fingerprint expectations, and the section checksum of every
@@ -346,9 +355,17 @@ typedef struct kvt_gpu_load_params {
  * (its load kernel writes nothing); other pieces of a staged load are. The verdict says what happened once the
  * stream has passed the load: kvt_gpu_verdict_check. On a mismatch treat
  * the whole chunk as a miss and recompute it: its slots hold a mix of
- * loaded layers and old contents. Where the GPU cannot verify (no staging
- * memory, a layer larger than a slot) the sections are verified before the
- * launch as above and the verdict is done on return.
+ * loaded layers and old contents. With a caller's header copy
+ * (p->header), the device payload's header checksum must equal the copy's
+ * (else nothing is loaded and the verdict is KVT_EFOREIGN: a stale copy).
+ * done is 1 once every check has run, which is before the gated load
+ * kernels finish; a layer event (layer_events) says a layer's load ran,
+ * not that it passed: read the verdict before the result of any loaded
+ * layer is kept. A verdict is the load's until its stream has passed it:
+ * do not pass it to another load before. Where the GPU does not verify - no
+ * staging memory, a layer larger than a slot, a pinned payload with
+ * KVT_GPU_LOAD_ZERO_COPY (sections checked before the launch as above), or
+ * a TRUST flag (not checked) - the verdict is done on return.
  * Sections stored with the lossless zstd stage are refused (KVT_ENOTSUP):
  * undo it on the host first. The payload's dtype, heads and head_dim must be
  * the layout's and its layers within it (KVT_ESHAPE). Pageable host memory is
@@ -362,8 +379,9 @@ KVT_API int kvt_gpu_load(kvt_gpu_layout *layout, const void *payload, size_t len
  * (cudaStreamSynchronize, or an event recorded after the load). Returns 0
  * (every checked section matched), KVT_ECHECKSUM (a section did not: the
  * chunk is a miss; the detail names the section, its layer and K or V),
- * -EAGAIN (not done yet: the stream has not reached the load's checks) or
- * -EINVAL (NULL). The detail goes to the layout's context. */
+ * KVT_EFOREIGN (the device payload's header is not the header copy passed
+ * with it), -EAGAIN (not done yet: the stream has not reached the load's
+ * checks) or -EINVAL (NULL). The detail goes to the layout's context. */
 KVT_API int kvt_gpu_verdict_check(kvt_gpu_layout *layout, const kvt_gpu_verdict *verdict);
 
 #ifdef __cplusplus

@@ -182,6 +182,7 @@ int main(void) {
   printf("kvt_gpu_layout_desc %zu\n", sizeof(kvt_gpu_layout_desc));
   printf("kvt_gpu_store_params %zu\n", sizeof(kvt_gpu_store_params));
   printf("kvt_gpu_load_params %zu\n", sizeof(kvt_gpu_load_params));
+  printf("kvt_gpu_verdict %zu\n", sizeof(kvt_gpu_verdict));
 %s
   return 0;
 }
@@ -192,7 +193,8 @@ def test_gpu_struct_mirrors_match_the_c_compiler(tmp_path: Path) -> None:
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         pytest.skip("no C compiler to compare the struct layouts with")
-    structs = (kg.kvt_gpu_layout_desc, kg.kvt_gpu_store_params, kg.kvt_gpu_load_params)
+    structs = (kg.kvt_gpu_layout_desc, kg.kvt_gpu_store_params, kg.kvt_gpu_load_params,
+               kg.kvt_gpu_verdict)
     fields = "\n".join(f"  F({s.__name__}, {f[0]});" for s in structs for f in s._fields_)
     include = Path(os.environ.get("KVT_SOURCE_DIR") or REPO) / "include"
     if not (include / "kvtier" / "gpu.h").is_file():

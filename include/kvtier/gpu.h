@@ -267,7 +267,7 @@ typedef struct kvt_gpu_verdict {
                            (0xFFFFFFFE: the device header is not the caller's copy) */
   uint32_t layer_begin; /* the payload's first absolute layer (for messages) */
   uint32_t sections;    /* sections the load reads */
-  uint32_t reserved[4]; /* written 0 by kvt_gpu_load: later outputs */
+  uint64_t reserved[2]; /* written 0 by kvt_gpu_load: later outputs */
 } kvt_gpu_verdict;
 
 typedef struct kvt_gpu_load_params {

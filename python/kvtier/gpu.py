@@ -114,7 +114,7 @@ class kvt_gpu_verdict(Structure):
         ("bad_section", c_uint32),
         ("layer_begin", c_uint32),
         ("sections", c_uint32),
-        ("reserved", c_uint32 * 4),
+        ("reserved", c_uint64 * 2),
     ]
 
 

@@ -30,6 +30,9 @@ static const char gpu_help[] =
     "  gpu-vfy           a verified load, the checksums computed on the GPU as the\n"
     "                    bytes move (kvt_gpu_load_params.verdict): wall time from the\n"
     "                    first call to the last verdict checked after the stream\n"
+    "  gv-lyr            the same launched a layer at a time with an event after\n"
+    "                    each (kvt_gpu_load_params.layer_events), as an engine\n"
+    "                    overlapping the load with the forward pass would\n"
     "  host-vfy          a verified load without a verdict: the checksums on the\n"
     "                    host before each launch; wall time\n"
     "  store             a sealed store, end to end: kvt_gpu_store_async and\n"
@@ -105,6 +108,7 @@ typedef struct gbench {
   uint8_t *hbm;   /* device memory: 8 payloads of up to `each` bytes (the HBM case) */
   uint8_t *hdr;   /* host: their headers, HDR_COPY bytes each */
   kvt_gpu_verdict *verdicts; /* pinned: one per payload */
+  cudaEvent_t layer_ev[8 * LAYERS]; /* per payload and layer: layer-wise loads */
   uint32_t iters;
 } gbench;
 
@@ -205,6 +209,10 @@ static int setup(gbench *g) {
   if ((rc = cu(cudaHostAlloc((void **)&g->verdicts, 8 * sizeof(kvt_gpu_verdict),
                              cudaHostAllocMapped), "cudaHostAlloc verdicts")))
     return rc;
+  for (int i = 0; i < 8 * LAYERS; i++)
+    if ((rc = cu(cudaEventCreateWithFlags(&g->layer_ev[i], cudaEventDisableTiming),
+                 "layer events")))
+      return rc;
   if (!(g->hdr = malloc(8 * HDR_COPY))) {
     cli_error("bench gpu: out of memory");
     return CLI_EFAIL;
@@ -222,6 +230,9 @@ static void teardown(gbench *g) {
   free(g->hdr);
   cudaFreeHost(g->pin);
   cudaFreeHost(g->verdicts);
+  for (int i = 0; i < 8 * LAYERS; i++)
+    if (g->layer_ev[i])
+      cudaEventDestroy(g->layer_ev[i]);
   if (g->st)
     cudaStreamDestroy(g->st);
   kvt_ctx_destroy(g->ctx);
@@ -232,6 +243,7 @@ typedef struct grow {
   double hstore, hload, hload_checked, d2d;         /* payloads in device memory */
   double load_zc, load_st; /* load with KVT_GPU_LOAD_ZERO_COPY, KVT_GPU_LOAD_STAGED */
   double load_gpu, hload_gpu; /* verified on the GPU (a verdict): pinned, device */
+  double load_gpu_ev;         /* the pinned one launched a layer at a time, with events */
 } grow;
 
 static double ev_seconds(gbench *g) {
@@ -253,7 +265,7 @@ static void warm(gbench *g, size_t n) {
  * verdicts, waiting for the stream and checking every verdict: a load
  * verified on the GPU, end to end. */
 static int load_verified(gbench *g, const gsize *z, const kvt_gpu_store_params *sp,
-                         const size_t *len, uint8_t *base, double *t) {
+                         const size_t *len, uint8_t *base, int per_layer, double *t) {
   int rc = 0;
   warm(g, len[0]);
   cudaStreamSynchronize(g->st);
@@ -263,6 +275,8 @@ static int load_verified(gbench *g, const gsize *z, const kvt_gpu_store_params *
     lp.tokens = z->tokens;
     lp.slots = sp[j].slots;
     lp.verdict = &g->verdicts[j];
+    if (per_layer) /* a launch per layer, an event after each */
+      lp.layer_events = (void *const *)&g->layer_ev[j * LAYERS];
     rc = kvt_gpu_load(g->L, base + j * g->each, len[j], &lp, g->st);
   }
   if (rc)
@@ -304,7 +318,7 @@ static int iterate_hbm(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size
   }
   if (rc)
     return rc;
-  if ((rc = load_verified(g, z, sp, len, g->hbm, &t[5])))
+  if ((rc = load_verified(g, z, sp, len, g->hbm, 0, &t[5])))
     return rc;
   for (int checked = 0; checked < 2; checked++) {
     warm(g, len[0]);
@@ -338,7 +352,7 @@ static int iterate_hbm(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size
 }
 
 
-/* One iteration of every measurement over z->payloads payloads; t[14]. */
+/* One iteration of every measurement over z->payloads payloads; t[15]. */
 static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *len,
                    double *t) {
   int rc = 0;
@@ -387,7 +401,8 @@ static int iterate(gbench *g, const gsize *z, kvt_gpu_store_params *sp, size_t *
   if (rc || (rc = cu(cudaStreamSynchronize(g->st), "checked load")))
     return rc < 0 ? kv_fail(g, "checked load", rc) : rc;
   t[5] = cli_now() - t0;
-  if ((rc = load_verified(g, z, sp, len, g->pin, &t[12])))
+  if ((rc = load_verified(g, z, sp, len, g->pin, 0, &t[12])) ||
+      (rc = load_verified(g, z, sp, len, g->pin, 1, &t[14])))
     return rc;
   warm(g, len[0]);
   for (int forced = 0; forced < 2 && !rc; forced++) { /* zero copy, then staged */
@@ -446,17 +461,17 @@ static int run_size(gbench *g, const char *spec_text, const gsize *z, grow *out)
     p.slots = g->slots + (size_t)j * z->tokens;
     sp[j] = p;
   }
-  double t[MAX_ITERS + 1][14], col[MAX_ITERS];
+  double t[MAX_ITERS + 1][15], col[MAX_ITERS];
   for (uint32_t it = 0; it <= g->iters; it++) {
     int rc = iterate(g, z, sp, len, t[it]);
     if (rc)
       return rc;
   }
-  double *m[14] = {&out->h2d,     &out->d2h,       &out->load,   &out->verify,
+  double *m[15] = {&out->h2d,     &out->d2h,       &out->load,   &out->verify,
                     &out->store,   &out->load_host, &out->hstore, &out->hload,
                     &out->hload_checked, &out->d2d, &out->load_zc, &out->load_st,
-                    &out->load_gpu, &out->hload_gpu};
-  for (int k = 0; k < 14; k++) {
+                    &out->load_gpu, &out->hload_gpu, &out->load_gpu_ev};
+  for (int k = 0; k < 15; k++) {
     for (uint32_t it = 1; it <= g->iters; it++)
       col[it - 1] = t[it][k];
     *m[k] = median(col, g->iters);
@@ -482,22 +497,23 @@ static void print_hbm(const char *spec, const grow *r) {
 static void print_header(const gsize *z) {
   printf("\n%s: 16-bit K+V %.1f MiB\n", z->name,
          (double)z->payloads * z->layers * z->tokens * HEADS * HDIM * 4 / (1 << 20));
-  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %7s %8s %7s %8s %8s %7s %8s\n", "preset",
-         "payload", "H2D", "load", "load/", "KV", "KV/", "zcopy/", "staged/", "gpu-vfy",
-         "gv/", "host-vfy", "hv/", "D2H", "store", "store/", "verify");
-  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %7s %8s %7s %8s %8s %7s %8s\n", "", "MiB",
-         "GB/s", "GB/s", "H2D", "GB/s", "H2D", "H2D", "H2D", "GB/s", "H2D", "GB/s", "H2D", "GB/s",
-         "GB/s", "D2H", "GB/s");
+  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %7s %7s %8s %7s %8s %8s %7s %8s\n",
+         "preset", "payload", "H2D", "load", "load/", "KV", "KV/", "zcopy/", "staged/",
+         "gpu-vfy", "gv/", "gv-lyr/", "host-vfy", "hv/", "D2H", "store", "store/", "verify");
+  printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %7s %7s %8s %7s %8s %8s %7s %8s\n", "",
+         "MiB", "GB/s", "GB/s", "H2D", "GB/s", "H2D", "H2D", "H2D", "GB/s", "H2D", "H2D", "GB/s",
+         "H2D", "GB/s", "GB/s", "D2H", "GB/s");
 }
 
 static void print_row(const char *spec, const grow *r) {
   const double b = (double)r->bytes / 1e9, raw = (double)r->raw / 1e9;
-  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %7.2f %7.2f %8.1f %7.2f %8.1f %7.2f %8.1f "
-         "%8.1f %7.2f %8.1f\n",
+  printf("%-16s %9.2f %8.1f %8.1f %7.2f %8.1f %7.2f %7.2f %7.2f %8.1f %7.2f %7.2f %8.1f %7.2f "
+         "%8.1f %8.1f %7.2f %8.1f\n",
          spec, (double)r->bytes / (1 << 20), b / r->h2d, b / r->load, r->h2d / r->load,
          raw / r->load, (raw / r->load) / (b / r->h2d), r->h2d / r->load_zc,
-         r->h2d / r->load_st, b / r->load_gpu, r->h2d / r->load_gpu, b / r->load_host,
-         r->h2d / r->load_host, b / r->d2h, b / r->store, r->d2h / r->store, b / r->verify);
+         r->h2d / r->load_st, b / r->load_gpu, r->h2d / r->load_gpu, r->h2d / r->load_gpu_ev,
+         b / r->load_host, r->h2d / r->load_host, b / r->d2h, b / r->store, r->d2h / r->store,
+         b / r->verify);
 }
 
 int cli_bench_gpu_main(int argc, char **argv) {

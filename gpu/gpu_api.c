@@ -689,8 +689,11 @@ static int store_staged(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, uint8_t *d
     if (i > 0)
       piece.flags |= KVT_GPU_KP_KEEP_STATUS; /* the first piece's launch reset it */
     uint64_t *dig = NULL; /* allocated before the slot is touched */
-    if ((e = slot_digests(L, slot, &piece, &dig)) != 0)
+    if ((e = slot_digests(L, slot, &piece, &dig)) != 0) {
+      if (i > 0) /* earlier pieces' copies into dst are queued */
+        staged_abandon(L, NSLOT, stream);
       return cuda_fail(L->ctx, e, "cudaMalloc of the checksum scratch");
+    }
     const char *what = "staged store (copy stream, events)";
     if ((e = kvt_gpurt_stream_wait(stream, L->ev_free[slot])) != 0)
       break;
@@ -1125,8 +1128,10 @@ static int load_device_checked(kvt_gpu_layout *L, const uint8_t *dev, size_t len
     staged_abandon(L, slot, stream);
     return rc;
   }
-  if ((e = kvt_gpurt_event_record(L->ev_free[slot], stream)) != 0)
+  if ((e = kvt_gpurt_event_record(L->ev_free[slot], stream)) != 0) {
+    staged_abandon(L, NSLOT, stream);
     return cuda_fail(L->ctx, e, "cudaEventRecord");
+  }
   return 0;
 }
 

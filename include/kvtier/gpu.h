@@ -357,7 +357,8 @@ typedef struct kvt_gpu_load_params {
  * the whole chunk as a miss and recompute it: its slots hold a mix of
  * loaded layers and old contents. With a caller's header copy
  * (p->header), the device payload's header checksum must equal the copy's
- * (else nothing is loaded and the verdict is KVT_EFOREIGN: a stale copy).
+ * (else nothing is loaded and the verdict is KVT_EFOREIGN: a stale copy;
+ * or KVT_ECHECKSUM when a section of the device table fails too).
  * done is 1 once every check has run, which is before the gated load
  * kernels finish; a layer event (layer_events) says a layer's load ran,
  * not that it passed: read the verdict before the result of any loaded

@@ -395,14 +395,28 @@ class Transfer:
         self._event = event
         self._keep: Optional[List[Any]] = keep
         self._check = check  # a load verified on the GPU: reads its verdict
+        self._failed: Optional[BaseException] = None  # what the verdict said
 
     def _passed(self) -> None:
         check, self._check = self._check, None
         try:
             if check is not None:
                 check()
+        except BaseException as e:
+            self._failed = e
         finally:
             self._keep = None
+        if self._failed is not None:
+            raise self._failed  # every time it is asked, not only the first
+
+    def __del__(self) -> None:
+        # Dropped before the stream passed it: the GPU may still write the
+        # verdict and read the payload that _keep holds alive.
+        if getattr(self, "_check", None) is not None and self._keep is not None:
+            try:
+                self._event.synchronize()
+            except Exception:  # interpreter shutdown, a dead context
+                pass
 
     def done(self) -> bool:
         """Whether the GPU has finished the work (no waiting). For a load
@@ -817,12 +831,14 @@ class PagedKV:
         verify_on_gpu: the section checksums are computed by the GPU as the
             payload moves (a host payload is staged through device memory
             and hashed there), in stream order, instead of on the host
-            before the launch: the returned Transfer's wait() (or done())
-            raises Error KVT_ECHECKSUM if a section did not match. The load
-            kernel of a piece that failed writes nothing, but other layers
-            may be loaded: treat the chunk as a miss and recompute it. The
-            header, key, fingerprint and shape are still checked before the
-            launch (errors raised here).
+            before the launch: the returned Transfer's wait() (or done(),
+            once True) raises Error KVT_ECHECKSUM if a section did not match,
+            every time it is called. Call one of them before using the
+            loaded KV: layer_events fire before the verdict is known. The
+            load kernel of a piece that failed writes nothing, but other
+            layers may be loaded: treat the chunk as a miss and recompute
+            it. The header, key, fingerprint and shape are still checked
+            before the launch (errors raised here).
 
         Raises Error: KVT_ECHECKSUM, KVT_ETRUNC, KVT_EFORMAT, KVT_ECORRUPT
         (a damaged payload: nothing was written), KVT_EFOREIGN, KVT_ESHAPE
@@ -904,10 +920,20 @@ class PagedKV:
             views.append((np.ctypeslib.as_array((ctypes.c_uint8 * ln).from_address(addr))
                           if host else None, ln, keep))
         if verify_on_gpu:
-            loads = [self.load(payloads[i], block_ids[i], length=views[i][1],
-                               expect_key=keys[i] if keys else None,
-                               expect_fingerprint=expect_fingerprint, verify_on_gpu=True,
-                               stream=stream) for i in range(n)]
+            loads: List[Transfer] = []
+            try:
+                for i in range(n):
+                    loads.append(self.load(payloads[i], block_ids[i], length=views[i][1],
+                                           expect_key=keys[i] if keys else None,
+                                           expect_fingerprint=expect_fingerprint,
+                                           verify_on_gpu=True, stream=stream))
+            except BaseException:
+                for t in loads:  # launched: let the GPU finish with their verdicts
+                    try:
+                        t.wait()
+                    except Error:
+                        pass
+                raise
             if not loads:
                 raise ValueError("kvtier: load_many of no payloads")
 

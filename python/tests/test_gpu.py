@@ -245,3 +245,32 @@ def test_layer_views_match_vllms_own_functions() -> None:
             assert a.shape == b.shape and a.stride() == b.stride(), name
             assert a.data_ptr() == b.data_ptr(), name
             assert kg.layout_of(b.shape, b.stride()) == kg.layout_of(a.shape, a.stride())
+
+
+def test_a_failed_verdict_is_raised_every_time_it_is_asked() -> None:
+    """Transfer of a load verified on the GPU: the verdict's error is raised
+    by every later wait() and done(), not only the first (a caller polling
+    done() in one place and waiting elsewhere must not see success), and
+    what the transfer keeps alive is released either way."""
+
+    class Event:
+        def query(self) -> bool:
+            return True
+
+        def synchronize(self) -> None:
+            pass
+
+    calls = []
+
+    def check() -> None:
+        calls.append(1)
+        raise kvtier.Error(ErrorCode.ECHECKSUM, detail="section 3: checksum mismatch")
+
+    t = kg.Transfer(Event(), [bytearray(8)], check)
+    for ask in (t.done, t.wait, t.wait, t.done):
+        with pytest.raises(kvtier.Error) as e:
+            ask()
+        assert e.value.code == ErrorCode.ECHECKSUM
+    assert calls == [1] and t._keep is None
+    ok = kg.Transfer(Event(), [bytearray(8)], lambda: None)
+    assert ok.done() and ok.wait() is None and ok._keep is None

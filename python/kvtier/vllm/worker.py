@@ -453,7 +453,10 @@ class KvtierWorker(OffloadingWorker):
 
     def _load_chunk(self, key: Key, ids: List[int]) -> int:
         """Loads one chunk into ids; returns the payload's bytes. Raises
-        Error (the chunk's blocks are then not written)."""
+        Error: the chunk is then a miss (its blocks may hold some loaded
+        layers: a payload of several staged pieces whose checksums are
+        verified on the GPU loads the pieces that pass), recomputed with
+        every chunk after it."""
         loan: Optional[Loan] = None
         payload: Optional[np.ndarray] = None
         try:

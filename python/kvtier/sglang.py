@@ -232,6 +232,10 @@ def page_key(fp: Key, sglang_key: str, page_size: int) -> Key:
     return chunk_key(fp, np.frombuffer(raw, dtype="<u4"))
 
 
+_ALIGN = 4096
+_READ_AHEAD = 16  # payloads one thread reads together (its buffer holds as many)
+
+
 class _Local(threading.local):
     buf: Optional[np.ndarray] = None
 
@@ -252,7 +256,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self.cache: Optional[Cache] = None
         self.geometry: Optional[PageGeometry] = None
         self.fingerprint: Optional[Key] = None
-        self._bound = 0
+        self._bound = self._slot = 0
+        self._lending = True
         self._local = _Local()
         self._pool: Optional[ThreadPoolExecutor] = None
 
@@ -278,6 +283,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self.cache, self.geometry, self.fingerprint = cache, g, fp
         self._bound = encode_bound(self.config.codec, g.layers, g.page_size, g.heads, g.head_dim,
                                    layer_begin=g.start_layer)
+        self._slot = -(-self._bound // _ALIGN) * _ALIGN
+        self._lending = True
         log.info("kvtier.sglang: rank %d/%d, %s pool %s, codec %s, tiers %s", cfg.tp_rank,
                  cfg.tp_size, g.layout, (g.layers, g.page_size, g.heads, g.head_dim),
                  self.config.codec, self.tiers)
@@ -333,7 +340,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
         cache, _, _ = self._ready()
         views = self._views(keys, host_indices)
         kv_keys = self.keys_of(keys)
-        return self._run(lambda i: self._get_page(cache, kv_keys[i], views[i]), len(keys))
+        return self._run_spans(
+            lambda span: self._get_span(cache, [kv_keys[i] for i in span],
+                                        [views[i] for i in span]), len(keys))
 
     def _views(self, keys: Sequence[str], host_indices: torch.Tensor) -> List[Tuple[Tensor, Tensor]]:
         _, g, _ = self._ready()
@@ -347,21 +356,28 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     def _run(self, fn: Callable[[int], bool], n: int) -> List[bool]:
         """fn(i) for each page, on the backend's threads where pages are many."""
+        return self._run_spans(lambda span: [fn(i) for i in span], n)
+
+    def _run_spans(self, fn: Callable[[range], List[bool]], n: int) -> List[bool]:
+        """fn(span) over consecutive spans of the n pages, one per thread."""
         threads = self.config.threads
         if threads == 1 or n < 4:
-            return [fn(i) for i in range(n)]
+            return fn(range(n))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kvtier-sglang")
         step = max(1, -(-n // threads))
         spans = [range(s, min(s + step, n)) for s in range(0, n, step)]
-        parts = self._pool.map(lambda span: [fn(i) for i in span], spans)
-        return [ok for part in parts for ok in part]
+        return [ok for part in self._pool.map(fn, spans) for ok in part]
 
-    def _buffer(self) -> np.ndarray:
+    def _buffer(self, slots: int = 1) -> np.ndarray:
+        """This thread's buffer of `slots` payloads, each at a 4096-aligned
+        offset of _slot bytes (aligned buffers let the nvme tier read into
+        them directly)."""
+        need = slots * self._slot + _ALIGN
         buf = self._local.buf
-        if buf is None or buf.size < self._bound:
-            buf = self._local.buf = np.empty(self._bound, np.uint8)
-        return buf
+        if buf is None or buf.size < need:
+            buf = self._local.buf = np.empty(need, np.uint8)
+        return buf[-buf.ctypes.data % _ALIGN:][:slots * self._slot]
 
     def _set_page(self, cache: Cache, key: Key, prev: Optional[Key],
                   kv: Tuple[Tensor, Tensor]) -> bool:
@@ -381,20 +397,66 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 log.warning("kvtier.sglang: store of page %s failed: %s", key, e)
             return False
 
-    def _get_page(self, cache: Cache, key: Key, kv: Tuple[Tensor, Tensor]) -> bool:
-        _, _, fp = self._ready()
+    def _get_span(self, cache: Cache, keys: List[Key],
+                  views: List[Tuple[Tensor, Tensor]]) -> List[bool]:
+        """Pages lent in place by a memory tier are decoded from there; the
+        others are read together (kvt_cache_get_many: the nvme tier keeps
+        them in flight at once) into this thread's buffer, then decoded."""
+        ok = [False] * len(keys)
+        rest = list(range(len(keys)))
+        if self._lending:
+            rest = [i for i in rest if not self._get_lent(cache, keys[i], views[i], ok, i)]
+        for c in range(0, len(rest), _READ_AHEAD):
+            part = rest[c:c + _READ_AHEAD]
+            buf = self._buffer(len(part))
+            slots = [buf[j * self._slot:(j + 1) * self._slot] for j in range(len(part))]
+            try:
+                got = cache.get_many_into([keys[i] for i in part], slots)
+            except Error as e:
+                log.warning("kvtier.sglang: read of %d pages failed: %s", len(part), e)
+                continue
+            for j, i in enumerate(part):
+                if got[j].code == 0:
+                    fault = self._decode(keys[i], slots[j][:got[j].length], views[i])
+                    ok[i] = fault is None
+                    if fault in PAYLOAD_FAULTS:
+                        self._drop(cache, keys[i])
+                elif got[j].code != ErrorCode.ENOTFOUND:
+                    log.warning("kvtier.sglang: page %s is a miss: %s", keys[i],
+                                Error(got[j].code, detail="get"))
+        return ok
+
+    def _get_lent(self, cache: Cache, key: Key, kv: Tuple[Tensor, Tensor], ok: List[bool],
+                  i: int) -> bool:
+        """Decodes key's payload from the memory tier lending it; False where
+        no tier lends it (then it is read with the others)."""
         try:
-            buf = self._buffer()
-            n = cache.get_into(key, buf)
-            if n is None:
-                return False
-            decode(buf[:n], kv[0], kv[1], expect_key=key, expect_fingerprint=fp)
-            return True
+            loan = cache.borrow(key)
+        except Error as e:
+            if e.code == ErrorCode.ENOTSUP and cache.tier_count == 1:
+                self._lending = False  # the only tier cannot lend (nvme, remote)
+            if e.code not in (ErrorCode.ENOTSUP, -errno.EAGAIN):
+                log.warning("kvtier.sglang: page %s is a miss: %s", key, e)
+            return e.code not in (ErrorCode.ENOTSUP, -errno.EAGAIN)
+        if loan is None or loan.array is None:  # a miss here; a shared tier may have it
+            if loan is not None:
+                loan.close()
+            return False
+        with loan:  # a delete of the key waits for the loan: drop after it
+            fault = self._decode(key, loan.array, kv)
+        ok[i] = fault is None
+        if fault in PAYLOAD_FAULTS:
+            self._drop(cache, key)
+        return True
+
+    def _decode(self, key: Key, payload: np.ndarray, kv: Tuple[Tensor, Tensor]) -> Optional[int]:
+        """Decodes payload into the page; None, or the code refusing it."""
+        try:
+            decode(payload, kv[0], kv[1], expect_key=key, expect_fingerprint=self.fingerprint)
+            return None
         except Error as e:
             log.warning("kvtier.sglang: page %s is a miss: %s", key, e)
-            if e.code in PAYLOAD_FAULTS:
-                self._drop(cache, key)
-            return False
+            return e.code
 
     def _drop(self, cache: Cache, key: Key) -> None:
         try:

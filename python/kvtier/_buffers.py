@@ -131,7 +131,10 @@ def _numpy_dtype(dt: np.dtype) -> int | None | str:
 
 
 def tensor(obj: Any, what: str) -> Tensor:
-    """Describes a K or V array without copying it."""
+    """Describes a K or V array without copying it (a Tensor already
+    describing one, from raw pointers, is returned as it is)."""
+    if isinstance(obj, Tensor):
+        return obj
     if _is_torch(obj):
         if obj.device.type != "cpu":
             raise ValueError(f"kvtier: {what} is on {obj.device}; the CPU codecs read host memory "

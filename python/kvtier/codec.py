@@ -226,7 +226,7 @@ def encode(k: Any, v: Any, codec: Codec = "k16v8", *, dtype: Any = None,
     layers, tokens, heads, head_dim = tk.shape
     cap = encode_bound(spec, layers, tokens, heads, head_dim, layer_begin=layer_begin)
     buf = bytearray(cap)
-    n = encode_into(buf, tk.keep, tv.keep, spec, dtype=code, key=key, fingerprint=fingerprint,
+    n = encode_into(buf, tk, tv, spec, dtype=code, key=key, fingerprint=fingerprint,
                     layer_begin=layer_begin, model_layers=model_layers,
                     token_begin=token_begin, zstd_level=zstd_level)
     return bytes(memoryview(buf)[:n])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# python/tests/run_pytest.sh LIBRARY SONAME CLI|none SANITIZE [all|vllm] - ctest's
-# test_python and test_vllm.
+# python/tests/run_pytest.sh LIBRARY SONAME CLI|none SANITIZE [all|vllm|sglang] - ctest's
+# test_python, test_vllm and test_sglang.
 # Installs the package as a user would (pip install, with LIBRARY bundled in
 # kvtier/_lib/ as SONAME) into a temporary directory, then runs python/tests
 # against that copy, with CLI as the `kvtier` tool for the equality tests.
@@ -8,7 +8,9 @@
 # ~/.cache/kvtier/venv-py) and in sanitizer builds (Python would need the
 # sanitizer runtime preloaded). With "vllm", runs the vLLM plug-in's tests
 # (test_vllm_*.py) in the venv of `./bootstrap.sh vllm` (KVT_VLLM_VENV,
-# default ~/.cache/kvtier/venv-vllm) instead.
+# default ~/.cache/kvtier/venv-vllm) instead; with "sglang", the SGLang
+# backend's tests (test_sglang_*.py) in the venv of `./bootstrap.sh sglang`
+# (KVT_SGLANG_VENV, default ~/.cache/kvtier/venv-sglang).
 set -euo pipefail
 lib=$1 soname=$2 cli=$3 sanitize=${4:-OFF} suite=${5:-all}
 [ "$cli" = none ] && cli=""  # the tests that need the CLI skip
@@ -25,6 +27,11 @@ if [ "$suite" = vllm ]; then
   need='import numpy, pytest, setuptools, vllm'
   made_by="'./bootstrap.sh vllm' (or 'test') creates it (python/requirements-vllm.txt)"
   targets=("$src"/tests/test_vllm_*.py)
+elif [ "$suite" = sglang ]; then
+  venv=${KVT_SGLANG_VENV:-${HOME:-/root}/.cache/kvtier/venv-sglang}
+  need='import numpy, pytest, setuptools, sglang.srt.mem_cache.hicache_storage'
+  made_by="'./bootstrap.sh sglang' (or 'test') creates it (python/requirements-sglang.txt)"
+  targets=("$src"/tests/test_sglang_*.py)
 else
   venv=${KVT_VENV:-${HOME:-/root}/.cache/kvtier/venv-py}
   need='import numpy, pytest, setuptools'

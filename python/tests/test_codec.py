@@ -77,6 +77,25 @@ def test_strided_views_encode_like_dense_copies(preset: str, rng: np.random.Gene
     assert strided == dense
 
 
+def test_raw_pointer_tensors_encode_and_decode_in_place(rng: np.random.Generator) -> None:
+    # kvtier.sglang describes host pages by address, shape and element
+    # strides (no array object): encode() and decode() take such a Tensor.
+    from kvtier._buffers import DTYPE_BF16, Tensor
+
+    L, T, H, D = 2, 8, 2, 32
+    k, v = kv_arrays(rng, (T, L, H, D), "bf16")  # token-major, as a page_first page
+    view = [Tensor(a.ctypes.data, (L, T, H, D), (H * D, L * H * D, D), DTYPE_BF16, True, a)
+            for a in (k, v)]
+    payload = kvtier.encode(view[0], view[1], "k16v8")
+    assert payload == kvtier.encode(k.transpose(1, 0, 2, 3), v.transpose(1, 0, 2, 3), "k16v8",
+                                    dtype="bf16")
+    want_k, want_v = kvtier.decode(payload)
+    k[:], v[:] = 0, 0
+    kvtier.decode(payload, view[0], view[1])
+    assert np.array_equal(k.transpose(1, 0, 2, 3), want_k)
+    assert np.array_equal(v.transpose(1, 0, 2, 3), want_v)
+
+
 def test_decode_into_given_strided_arrays(rng: np.random.Generator) -> None:
     T, H, D = 32, 2, 64
     k, v = kv_arrays(rng, (T, H, D), "fp16")

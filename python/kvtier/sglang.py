@@ -74,9 +74,12 @@ def _refuse(what: str, why: str) -> Refused:
 class BackendConfig:
     """Our keys of --hicache-storage-backend-extra-config (README, SGLang).
 
-    tiers: kvtier tier specs, hottest first; "{rank}" and "{tp_size}" are
-        replaced by the tensor-parallel rank and size, "{pp_rank}" by the
-        pipeline stage (an nvme directory belongs to one process).
+    tiers: kvtier tier specs, hottest first; "{rank}" is replaced by the
+        tensor-parallel rank, followed by "-dp{dp_rank}" in data-parallel
+        replicas other than the first and "-cp{attn_cp_rank}" under context
+        parallelism, so that it names one process; "{tp_size}", "{pp_rank}",
+        "{dp_rank}" and "{cp_rank}" by what they say (an nvme directory
+        belongs to one process; its parent directories are made).
     codec: the codec of the payloads (default k16v8).
     threads: encode/decode threads per rank (default: up to 8, the cores).
     model_id: the model's name in the fingerprint (default SGLang's model name).
@@ -112,15 +115,36 @@ class BackendConfig:
                    verify=bool(extra.get("verify", False)))
 
     def rank_tiers(self, cfg: HiCacheStorageConfig) -> str:
-        """The tier spec of one rank, placeholders replaced."""
-        spec = self.tiers
-        for size, name in ((cfg.tp_size, "{rank}"), (cfg.pp_size, "{pp_rank}")):
-            if "nvme:" in spec and size > 1 and name not in spec:
-                raise _refuse("one nvme directory for several ranks",
-                              f"each of the {size} ranks owns its nvme directory: put "
-                              f'"{name}" in its path, e.g. "nvme:/var/cache/kvtier/r{name}:1TiB"')
-        return (spec.replace("{rank}", str(cfg.tp_rank)).replace("{tp_size}", str(cfg.tp_size))
-                .replace("{pp_rank}", str(cfg.pp_rank)))
+        """The tier spec of one rank, placeholders replaced; the parent
+        directories of its nvme tiers are made."""
+        dp_rank = int(getattr(cfg, "dp_rank", 0) or 0)
+        cp_rank, cp_size = int(cfg.attn_cp_rank or 0), int(cfg.attn_cp_size or 1)
+        parts = [p for p in self.tiers.split(";") if p]
+        for part in parts:  # each nvme tier must be one process's
+            if not part.startswith("nvme:"):
+                continue
+            for size, names in ((cfg.tp_size, ("{rank}",)), (cp_size, ("{rank}", "{cp_rank}")),
+                                (cfg.pp_size, ("{pp_rank}",))):
+                if size > 1 and not any(n in part for n in names):
+                    raise _refuse("one nvme directory for several ranks",
+                                  f"each of the {size} ranks owns its nvme directory: put "
+                                  f'"{names[0]}" in its path, e.g. '
+                                  f'"nvme:/var/cache/kvtier/r{names[0]}:1TiB"')
+        rank = str(cfg.tp_rank)
+        if dp_rank:
+            rank += f"-dp{dp_rank}"
+        if cp_size > 1:
+            rank += f"-cp{cp_rank}"
+        spec = (self.tiers.replace("{rank}", rank).replace("{tp_size}", str(cfg.tp_size))
+                .replace("{pp_rank}", str(cfg.pp_rank)).replace("{dp_rank}", str(dp_rank))
+                .replace("{cp_rank}", str(cp_rank)))
+        for part in spec.split(";"):
+            if part.startswith("nvme:"):
+                directory = part[len("nvme:"):].split(":", 1)[0]
+                parent = os.path.dirname(directory.rstrip("/"))
+                if parent:
+                    os.makedirs(parent, exist_ok=True)
+        return spec
 
 
 # Element strides (layer, token, head) of one page's K or V inside SGLang's
@@ -260,6 +284,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._lending = True
         self._local = _Local()
         self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool_lock = threading.Lock()  # SGLang's prefetch and backup threads
 
     # --- setup -------------------------------------------------------------------
 
@@ -272,6 +297,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             raise _refuse("no model name", 'SGLang gave none: set "model_id" in the extra config')
         if cfg.pp_size > 1:  # stages of equal layer counts must not share keys
             model = f"{model}#pp{cfg.pp_rank}/{cfg.pp_size}"
+        if (cfg.attn_cp_size or 1) > 1:  # each context-parallel rank holds its slice
+            model = f"{model}#cp{cfg.attn_cp_rank}/{cfg.attn_cp_size}"
         dtype = "bf16" if g.dtype == DTYPE_BF16 else "fp16"
         desc = ModelDesc(model, layers=g.layers, kv_heads=g.heads, head_dim=g.head_dim,
                          dtype=dtype, tp_rank=cfg.tp_rank, tp_size=cfg.tp_size)
@@ -363,8 +390,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
         threads = self.config.threads
         if threads == 1 or n < 4:
             return fn(range(n))
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kvtier-sglang")
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kvtier-sglang")
         step = max(1, -(-n // threads))
         spans = [range(s, min(s + step, n)) for s in range(0, n, step)]
         return [ok for part in self._pool.map(fn, spans) for ok in part]
@@ -385,6 +413,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
         try:
             if cache.query(key) is not None:
                 return True  # held already
+            # Chained to prev only if it is held: the pages of a batch are
+            # stored on several threads, and a page stored before its prev
+            # would be an orphan, which never evicts anything to make room
+            # (a full tier would refuse it). A root is evicted like any page.
+            if prev is not None and cache.query(prev) is None:
+                prev = None
             buf = self._buffer()
             n = encode_into(buf, kv[0], kv[1], self.config.codec, key=key, fingerprint=fp,
                             layer_begin=g.start_layer, model_layers=g.start_layer + g.layers)
@@ -476,6 +510,13 @@ class KvtierHiCacheStorage(HiCacheStorage):
         log.info("kvtier.sglang: clear() keeps the tiers' payloads (README, SGLang)")
 
     def get_stats(self) -> Any:
+        """None: SGLang's metrics want its own StorageMetrics, which it makes
+        when a backend gives none (kvtier's counters: kvtier_stats())."""
+        return None
+
+    def kvtier_stats(self) -> Any:
+        """kvtier's cache counters (kvtier.CacheStats), or None before a pool
+        is registered."""
         return self.cache.stats() if self.cache is not None else None
 
     # The tensor-copying methods SGLang uses without interface_v1; __init__

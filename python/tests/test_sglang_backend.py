@@ -49,18 +49,18 @@ def fill(host: Any, seed: int) -> None:
 
 
 def storage_config(extra: Dict[str, Any], tp_rank: int = 0, tp_size: int = 1,
-                   mla: bool = False) -> HiCacheStorageConfig:
+                   mla: bool = False, dp_rank: int = 0) -> HiCacheStorageConfig:
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=True,
-        model_name="test/llama-tiny",
+        model_name="test/llama-tiny", dp_rank=dp_rank,
         extra_config={"backend_name": "kvtier", "module_path": "kvtier.sglang",
                       "class_name": "KvtierHiCacheStorage", "interface_v1": 1, **extra})
 
 
 def open_backend(host: Any, tiers: str, codec: str = "raw", **kw: Any) -> KvtierHiCacheStorage:
     """The backend as SGLang's cache controller makes it (attach_storage_backend)."""
-    tp = {k: kw.pop(k) for k in ("tp_rank", "tp_size") if k in kw}
+    tp = {k: kw.pop(k) for k in ("tp_rank", "tp_size", "dp_rank") if k in kw}
     cfg = storage_config({"tiers": tiers, "codec": codec, **kw}, **tp)
     backend = StorageBackendFactory.create_backend("dynamic", cfg, host)
     backend.register_mem_pool_host(host)
@@ -274,3 +274,46 @@ def test_host_indices_must_cover_whole_pages(tmp_path: Path) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(pytest.main([__file__, "-q", *os.sys.argv[1:]]))
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_a_full_tier_takes_every_page_with_several_threads(tmp_path: Path, tier: str) -> None:
+    """Batches stored on 4 threads into a tier that holds a few pages: each
+    page evicts older ones, so every page of every batch is stored (a page
+    stored before the page it chains to used to be an orphan, which evicts
+    nothing: a full tier refused it and SGLang's backup stopped there)."""
+    host = make_host("page_first", tokens=1024)
+    spec = "dram:2MiB" if tier == "dram" else f"nvme:{tmp_path}:2MiB"
+    backend = open_backend(host, spec, "raw", threads=4)
+    idx = host.alloc(40 * PAGE)
+    refused = 0
+    for r in range(12):
+        refused += backend.batch_set_v1(keys(40, salt=r + 1), idx).count(False)
+    assert refused == 0
+    backend.close()
+
+
+def test_metrics_get_sglangs_own_storage_metrics(tmp_path: Path) -> None:
+    """get_stats() is None, so SGLang's --enable-metrics makes its own
+    StorageMetrics (it assigns fields to what the backend returns);
+    kvtier's counters are kvtier_stats()."""
+    host = make_host("page_first")
+    backend = open_backend(host, f"nvme:{tmp_path}:64MiB")
+    assert backend.get_stats() is None
+    idx = host.alloc(2 * PAGE)
+    assert all(backend.batch_set_v1(keys(2), idx))
+    assert backend.kvtier_stats().puts >= 2
+    backend.close()
+
+
+def test_data_parallel_replicas_get_their_own_directories(tmp_path: Path) -> None:
+    """With DP attention every replica's attention rank 0 is tp_rank 0: "{rank}"
+    names the replica too, so each opens its own nvme directory; the parent
+    directories of the spec are made."""
+    tiers = f"nvme:{tmp_path}/deep/er/r{{rank}}:64MiB"
+    b0 = open_backend(make_host("page_first"), tiers, dp_rank=0)
+    b1 = open_backend(make_host("page_first"), tiers, dp_rank=1)
+    assert b0.tiers != b1.tiers
+    assert (tmp_path / "deep/er/r0").is_dir() and (tmp_path / "deep/er/r0-dp1").is_dir()
+    b0.close()
+    b1.close()

@@ -64,13 +64,7 @@ static const char attn_help[] =
 #ifndef KVT_HAVE_CUDA
 
 int cli_bench_attn_main(int argc, char **argv) {
-  if (argc >= 2 &&
-      (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-    fputs(attn_help, stdout);
-    return CLI_OK;
-  }
-  cli_error("bench attn: this kvtier was built without CUDA");
-  return CLI_EFAIL;
+  return cli_without_cuda("bench attn", argc, argv, attn_help);
 }
 
 #else

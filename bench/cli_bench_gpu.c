@@ -57,12 +57,7 @@ static const char gpu_help[] =
 #ifndef KVT_HAVE_CUDA
 
 int cli_bench_gpu_main(int argc, char **argv) {
-  if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-    fputs(gpu_help, stdout);
-    return CLI_OK;
-  }
-  cli_error("bench gpu: this kvtier was built without CUDA");
-  return CLI_EFAIL;
+  return cli_without_cuda("bench gpu", argc, argv, gpu_help);
 }
 
 #else

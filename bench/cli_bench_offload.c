@@ -77,12 +77,7 @@ static const char offload_help[] =
 #ifndef KVT_HAVE_CUDA
 
 int cli_bench_offload_main(int argc, char **argv) {
-  if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-    fputs(offload_help, stdout);
-    return CLI_OK;
-  }
-  cli_error("bench offload: this kvtier was built without CUDA");
-  return CLI_EFAIL;
+  return cli_without_cuda("bench offload", argc, argv, offload_help);
 }
 
 #else

@@ -622,6 +622,32 @@ static uint64_t piece_target(const kvt_gpu_layout *L, uint64_t left) {
   return t < L->slot_bytes ? t : L->slot_bytes;
 }
 
+/* Bytes [*begin, *end) of payload-relative layer i that a transfer moves. */
+typedef void (*span_fn)(const kvt_gpu_kparams *kp, uint32_t i, uint64_t size, uint64_t *begin,
+                        uint64_t *end);
+
+/* The next staged piece: whole layers [i, i + *n) of those before `stop`,
+ * as many as fit piece_target(left) (at least one), bytes [*begin, *end);
+ * returns the slot it takes (the next one in turn). */
+static uint32_t next_piece(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, span_fn span,
+                           uint64_t size, uint32_t i, uint32_t stop, uint64_t left,
+                           uint64_t *begin, uint64_t *end, uint32_t *n) {
+  const uint64_t target = piece_target(L, left);
+  uint64_t nb, ne;
+  span(kp, i, size, begin, end);
+  *n = 1;
+  while (i + *n < stop) {
+    span(kp, i + *n, size, &nb, &ne);
+    if (ne - *begin > target)
+      break;
+    *end = ne;
+    (*n)++;
+  }
+  const uint32_t slot = L->next_slot;
+  L->next_slot = (slot + 1) % NSLOT;
+  return slot;
+}
+
 /* Bytes [*begin, *end) a store writes for payload-relative layer i: its K
  * and V sections and the padding after them (none after the last). */
 static void store_span(const kvt_gpu_kparams *kp, uint32_t i, uint64_t size, uint64_t *begin,
@@ -668,19 +694,10 @@ static int store_staged(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, uint8_t *d
   uint64_t left = size - kvt_gpu_sec_offset(kp, 0, 0);
   int e = 0;
   for (uint32_t i = 0; e == 0 && i < kp->payload_layers;) {
-    uint64_t begin, end, nb, ne;
-    store_span(kp, i, size, &begin, &end);
-    const uint64_t target = piece_target(L, left);
-    uint32_t n = 1;
-    while (i + n < kp->payload_layers) {
-      store_span(kp, i + n, size, &nb, &ne);
-      if (ne - begin > target)
-        break;
-      end = ne;
-      n++;
-    }
-    const uint32_t slot = L->next_slot;
-    L->next_slot = (slot + 1) % NSLOT;
+    uint64_t begin, end;
+    uint32_t n;
+    const uint32_t slot =
+        next_piece(L, kp, store_span, size, i, kp->payload_layers, left, &begin, &end, &n);
     uint8_t *buf = L->staging + (uint64_t)slot * L->slot_bytes;
     kvt_gpu_kparams piece = *kp;
     piece.payload = (uint8_t *)((uintptr_t)buf - begin); /* section offsets stay the payload's */
@@ -994,6 +1011,13 @@ static void layer_span(const kvt_gpu_kparams *kp, uint32_t i, uint64_t *begin, u
   *end = kvt_gpu_sec_offset(kp, i, 1) + kvt_gpu_sec_size(kp, kp->layer_begin + i, 1);
 }
 
+/* layer_span as a span_fn (a load moves the sections only). */
+static void load_span(const kvt_gpu_kparams *kp, uint32_t i, uint64_t size, uint64_t *begin,
+                      uint64_t *end) {
+  (void)size;
+  layer_span(kp, i, begin, end);
+}
+
 /* Bytes of the loaded layers' sections. */
 static uint64_t loaded_bytes(const kvt_gpu_kparams *kp) {
   uint64_t b0, e0, b1, e1;
@@ -1060,22 +1084,13 @@ static int load_staged(kvt_gpu_layout *L, const uint8_t *host, const kvt_gpu_kpa
   if (e == 0)
     e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_start);
   for (uint32_t i = kp->first; e == 0 && i < kp->first + kp->count;) {
-    uint64_t begin, end, nb, ne;
-    layer_span(kp, i, &begin, &end);
     /* Half of what is left (at least 8 MiB, at most a slot): the pieces
      * shrink towards the end, so the kernel left after the last copy is a
      * short one, and a load takes few pieces. */
-    const uint64_t target = piece_target(L, left);
-    uint32_t n = 1;
-    while (i + n < kp->first + kp->count) {
-      layer_span(kp, i + n, &nb, &ne);
-      if (ne - begin > target)
-        break;
-      end = ne;
-      n++;
-    }
-    const uint32_t slot = L->next_slot;
-    L->next_slot = (slot + 1) % NSLOT;
+    uint64_t begin, end;
+    uint32_t n;
+    const uint32_t slot = next_piece(L, kp, load_span, 0, i, kp->first + kp->count, left,
+                                     &begin, &end, &n);
     uint8_t *dst = L->staging + (uint64_t)slot * L->slot_bytes;
     if ((e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_free[slot])) != 0 ||
         (e = kvt_gpurt_copy_h2d_async(dst, host + begin, end - begin, L->copy_stream)) != 0 ||

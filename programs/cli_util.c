@@ -25,6 +25,15 @@ void cli_error(const char *fmt, ...) {
   va_end(ap);
 }
 
+int cli_without_cuda(const char *cmd, int argc, char **argv, const char *help) {
+  if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+    fputs(help, stdout);
+    return CLI_OK;
+  }
+  cli_error("%s: this kvtier was built without CUDA", cmd);
+  return CLI_EFAIL;
+}
+
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

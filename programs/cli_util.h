@@ -48,6 +48,10 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 /* Prints "kvtier: <message>" on stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* A GPU command in a build without CUDA: prints help for --help / -h
+ * (CLI_OK), else says the build lacks CUDA (CLI_EFAIL). */
+int cli_without_cuda(const char *cmd, int argc, char **argv, const char *help);
+
 /* Parses "bf16" or "fp16" into an enum kvt_dtype; -1 when neither. */
 int cli_parse_dtype(const char *s);
 

@@ -68,3 +68,21 @@ class Error(Exception):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.detail or self.message}"
+
+
+# Refusals caused by a payload's bytes, not by the reader: an engine plug-in
+# deletes such a payload, so the recomputed chunk or page is stored again.
+# Other errors (KVT_ECUDA, -ENOMEM, ...) leave a good payload where it is.
+PAYLOAD_FAULTS = frozenset({ErrorCode.EFORMAT, ErrorCode.EVERSION, ErrorCode.ETRUNC,
+                            ErrorCode.ECORRUPT, ErrorCode.ECHECKSUM, ErrorCode.EFOREIGN,
+                            ErrorCode.ESHAPE, ErrorCode.ETOOBIG})
+
+# Tier schemes other processes write too (docs/TIERS.md, traits SHARED): a key
+# an engine found absent there may appear later.
+SHARED_TIER_SCHEMES = ("redis://", "redis+cluster://", "fabric://")
+
+
+class Refused(ValueError):
+    """An engine plug-in (kvtier.vllm, kvtier.sglang) cannot serve this model
+    or configuration; the message says what and what to do instead."""
+

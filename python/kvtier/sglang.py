@@ -35,7 +35,7 @@ import numpy as np
 from ._buffers import DTYPE_BF16, DTYPE_F16, Tensor
 from .cache import Cache
 from .codec import CodecSpec, decode, encode_bound, encode_into
-from .errors import Error, ErrorCode
+from .errors import PAYLOAD_FAULTS, Error, ErrorCode, Refused
 from .keys import Key, ModelDesc, chunk_key, fingerprint
 
 SGLANG_VERSION = "0.5.23"
@@ -50,21 +50,6 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
         "'./bootstrap.sh sglang' makes a venv with them") from _e
 
 log = logging.getLogger("kvtier.sglang")
-
-# Tier schemes other processes write too (docs/TIERS.md, traits SHARED).
-_SHARED_SCHEMES = ("redis://", "redis+cluster://", "fabric://")
-
-# Refusals caused by a payload's bytes: the page is a miss and its payload is
-# deleted, so the recomputed page is stored again.
-PAYLOAD_FAULTS = frozenset({ErrorCode.EFORMAT, ErrorCode.EVERSION, ErrorCode.ETRUNC,
-                            ErrorCode.ECORRUPT, ErrorCode.ECHECKSUM, ErrorCode.EFOREIGN,
-                            ErrorCode.ESHAPE, ErrorCode.ETOOBIG})
-
-
-class Refused(ValueError):
-    """The backend cannot serve this model or configuration; the message says
-    what and what to do instead."""
-
 
 def _refuse(what: str, why: str) -> Refused:
     return Refused(f"kvtier.sglang: {what}: {why}")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 import numpy as np
 
 from ..codec import CodecSpec
+from ..errors import SHARED_TIER_SCHEMES, Refused
 from ..keys import Key, ModelDesc, chunk_key, fingerprint
 
 if TYPE_CHECKING:
@@ -21,15 +22,6 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
 VLLM_VERSION = "0.33.0"
-
-# Tier schemes whose payloads other processes write too (docs/TIERS.md: the
-# traits SHARED): a key this engine found absent may appear there later.
-_SHARED_SCHEMES = ("redis://", "redis+cluster://", "fabric://")
-
-
-class Refused(ValueError):
-    """The plug-in cannot serve this model or configuration; the message says
-    what and what to do instead."""
 
 
 def _refuse(what: str, why: str) -> Refused:
@@ -86,7 +78,7 @@ class PluginConfig:
     @property
     def shared(self) -> bool:
         """Whether a tier is written by other processes too."""
-        return any(s in self.tiers for s in _SHARED_SCHEMES)
+        return any(s in self.tiers for s in SHARED_TIER_SCHEMES)
 
     def absent_ttl(self) -> float:
         if self.probe_ttl_s is not None:

@@ -43,7 +43,7 @@ from vllm.v1.kv_offload.base import (
 )
 
 from ..cache import Cache, Loan
-from ..errors import Error, ErrorCode
+from ..errors import PAYLOAD_FAULTS, Error, ErrorCode
 from ..keys import Key
 from .config import chunk_key_of
 from .manager import KvtierLoadSpec, KvtierStoreSpec
@@ -134,14 +134,6 @@ def chunk_blocks(spec: GPULoadStoreSpec, nchunks: int, blocks_per_chunk: int) ->
 
 
 PRIO_EXPEDITED, PRIO_LOAD, PRIO_STORE, PRIO_STOP = 0, 1, 2, 3
-
-# Refusals caused by the payload's bytes: such a payload is deleted, so the
-# recomputed chunk is stored again. Other errors (KVT_ECUDA, -ENOMEM, ...)
-# leave a good payload where it is.
-PAYLOAD_FAULTS = frozenset({ErrorCode.EFORMAT, ErrorCode.EVERSION, ErrorCode.ETRUNC,
-                            ErrorCode.ECORRUPT, ErrorCode.ECHECKSUM, ErrorCode.EFOREIGN,
-                            ErrorCode.ESHAPE, ErrorCode.ETOOBIG})
-
 
 class _Job:
     """One submitted job: its chunks run as separate tasks on the transfer

@@ -13,7 +13,7 @@
 int cli_bench_gpu_main(int argc, char **argv);
 
 static const char gpu_help[] =
-    "Usage: kvtier bench gpu [--iters N] [--max-tokens T]\n"
+    "Usage: kvtier bench gpu [--iters N] [--max-tokens T] [--batch N]\n"
     "\n"
     "On the first CUDA device, for a Llama-3.1-8B shaped cache (32 layers, 8 KV\n"
     "heads, head_dim 128, bf16, vLLM flash-attn layout, 16-token blocks, 32768\n"
@@ -50,10 +50,18 @@ static const char gpu_help[] =
     "verdicts: the same kernels, the load gated on their outcome on the GPU, no\n"
     "wait between; wall time to the last verdict), and store (kernel + GPU\n"
     "checksums).\n"
+    "Last, layer-sized transfers: a context of --batch chunks of 256 tokens (each\n"
+    "chunk's layer is 1 MiB of bf16) loaded layer by layer, an event after each\n"
+    "layer, verified on the GPU (wall time to the last verdict) against\n"
+    "cudaMemcpyAsync of each payload: per chunk (kvt_gpu_load with layer_events,\n"
+    "a call per chunk), batched (kvt_gpu_load_batch: one call, each launch loading\n"
+    "a layer of up to 64 chunks), batched and trusted (KVT_GPU_LOAD_TRUST_HOST); and\n"
+    "the sealed store of each chunk (a call per chunk) against cudaMemcpyAsync D2H.\n"
     "\n"
     "Options:\n"
     "  --iters N       timed iterations per measurement (5), after one warm-up\n"
-    "  --max-tokens T  skip transfers of more than T tokens per payload set (32768)\n";
+    "  --max-tokens T  skip transfers of more than T tokens per payload set (32768)\n"
+    "  --batch N       chunks of the layer-sized case (128: a 32K context; 0: skip it)\n";
 
 #ifndef KVT_HAVE_CUDA
 
@@ -483,6 +491,198 @@ static int run_size(gbench *g, const char *spec_text, const gsize *z, grow *out)
   return 0;
 }
 
+/* ---- layer-sized transfers, batched ---- */
+
+#define BATCH_TOKENS 256
+
+/* Medians of one preset's layer-sized case, seconds. */
+typedef struct brow {
+  uint64_t bytes, raw;
+  double h2d, d2h, per_chunk, batched, batched_trusted, store, batched_zc;
+} brow;
+
+/* The payloads of the layer-sized case: n chunks stored per call. */
+typedef struct bset {
+  uint32_t n;
+  size_t each;
+  uint8_t *pin;              /* n payloads, `each` apart */
+  size_t *len;
+  kvt_gpu_verdict *verdicts; /* pinned [n] */
+  kvt_gpu_load_item *items;  /* [n] */
+} bset;
+
+/* Wall time from the first call to every verdict checked after the stream. */
+static int batch_verdicts(gbench *g, bset *b, double t0, double *t) {
+  int rc = cu(cudaStreamSynchronize(g->st), "batched load");
+  for (uint32_t j = 0; j < b->n && !rc; j++)
+    if ((rc = kvt_gpu_verdict_check(g->L, &b->verdicts[j])) != 0)
+      rc = kv_fail(g, "verdict", rc);
+  *t = cli_now() - t0;
+  return rc;
+}
+
+/* One iteration of the layer-sized case: t[7] in brow's order. */
+static int batch_iterate(gbench *g, bset *b, kvt_gpu_store_params *sp, double *t) {
+  int rc = 0;
+  cudaStreamSynchronize(g->st);
+  double t0 = cli_now();
+  for (uint32_t j = 0; j < b->n && !rc; j++)
+    if ((rc = kvt_gpu_store_async(g->L, &sp[j], b->pin + j * b->each, b->each, &b->len[j],
+                                  g->st)) == 0)
+      rc = kvt_gpu_store_finish(g->L, b->pin + j * b->each, b->len[j], g->st);
+  t[5] = cli_now() - t0;
+  if (rc)
+    return kv_fail(g, "store of a chunk", rc);
+  void *const *ev = (void *const *)g->layer_ev; /* one per layer, re-recorded per chunk */
+  /* Per chunk: a call each, a launch per layer. */
+  warm(g, b->len[0]);
+  cudaStreamSynchronize(g->st);
+  t0 = cli_now();
+  for (uint32_t j = 0; j < b->n && !rc; j++) {
+    kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+    lp.tokens = BATCH_TOKENS;
+    lp.slots = sp[j].slots;
+    lp.verdict = &b->verdicts[j];
+    lp.layer_events = ev;
+    rc = kvt_gpu_load(g->L, b->pin + j * b->each, b->len[j], &lp, g->st);
+  }
+  if (rc)
+    return kv_fail(g, "layer-wise load per chunk", rc);
+  if ((rc = batch_verdicts(g, b, t0, &t[2])))
+    return rc;
+  for (int trusted = 0; trusted < 3; trusted++) {
+    for (uint32_t j = 0; j < b->n; j++) {
+      const kvt_gpu_load_item it = {b->pin + j * b->each, b->len[j], sp[j].slots, NULL,
+                                    trusted ? NULL : &b->verdicts[j]};
+      b->items[j] = it;
+    }
+    kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+    lp.tokens = BATCH_TOKENS;
+    lp.layer_events = ev;
+    lp.flags = trusted ? KVT_GPU_LOAD_TRUST_HOST : 0;
+    if (trusted == 2) /* the kernels read host memory */
+      lp.flags |= KVT_GPU_LOAD_ZERO_COPY;
+    warm(g, b->len[0]);
+    cudaStreamSynchronize(g->st);
+    t0 = cli_now();
+    if ((rc = kvt_gpu_load_batch(g->L, b->items, b->n, &lp, g->st)) != 0)
+      return kv_fail(g, "batched load", rc);
+    if (trusted) {
+      if ((rc = cu(cudaStreamSynchronize(g->st), "batched load")))
+        return rc;
+      t[trusted == 2 ? 6 : 4] = cli_now() - t0;
+    } else if ((rc = batch_verdicts(g, b, t0, &t[3]))) {
+      return rc;
+    }
+  }
+  warm(g, b->len[0]);
+  cudaEventRecord(g->e0, g->st);
+  for (uint32_t j = 0; j < b->n; j++)
+    cudaMemcpyAsync(g->dev, b->pin + j * b->each, b->len[j], cudaMemcpyHostToDevice, g->st);
+  cudaEventRecord(g->e1, g->st);
+  t[0] = ev_seconds(g);
+  cudaEventRecord(g->e0, g->st);
+  for (uint32_t j = 0; j < b->n; j++) /* overwrites the payloads: stored again next time */
+    cudaMemcpyAsync(b->pin + j * b->each, g->dev, b->len[j], cudaMemcpyDeviceToHost, g->st);
+  cudaEventRecord(g->e1, g->st);
+  t[1] = ev_seconds(g);
+  return cu(cudaStreamSynchronize(g->st), "memcpy");
+}
+
+static int batch_run(gbench *g, bset *b, const char *spec_text, brow *out) {
+  kvt_gpu_store_params *sp = calloc(b->n, sizeof(*sp));
+  kvt_encode_params *ep = calloc(b->n, sizeof(*ep));
+  double(*t)[7] = calloc(g->iters + 1, sizeof(*t));
+  double col[MAX_ITERS];
+  int rc = sp && ep && t ? 0 : CLI_EFAIL;
+  for (uint32_t j = 0; j < b->n && !rc; j++) {
+    kvt_encode_params e = KVT_ENCODE_PARAMS_INIT;
+    if ((rc = kvt_codec_parse(g->ctx, spec_text, &e.spec)) != 0) {
+      rc = kv_fail(g, spec_text, rc);
+      break;
+    }
+    memcpy(e.key.bytes, &j, sizeof(j));
+    e.model_layers = LAYERS;
+    e.token_begin = j * BATCH_TOKENS;
+    ep[j] = e;
+    kvt_gpu_store_params p = KVT_GPU_STORE_PARAMS_INIT;
+    p.encode = &ep[j];
+    p.layer_count = LAYERS;
+    p.tokens = BATCH_TOKENS;
+    p.slots = g->slots + (size_t)j * BATCH_TOKENS;
+    sp[j] = p;
+  }
+  for (uint32_t it = 0; it <= g->iters && !rc; it++)
+    rc = batch_iterate(g, b, sp, t[it]);
+  if (!rc) {
+    double *m[7] = {&out->h2d,     &out->d2h,             &out->per_chunk,
+                    &out->batched, &out->batched_trusted, &out->store,
+                    &out->batched_zc};
+    for (int k = 0; k < 7; k++) {
+      for (uint32_t it = 1; it <= g->iters; it++)
+        col[it - 1] = t[it][k];
+      *m[k] = median(col, g->iters);
+    }
+    out->bytes = 0;
+    for (uint32_t j = 0; j < b->n; j++)
+      out->bytes += b->len[j];
+    out->raw = (uint64_t)b->n * LAYERS * BATCH_TOKENS * HEADS * HDIM * 2 * 2;
+  }
+  free(sp);
+  free(ep);
+  free(t);
+  return rc;
+}
+
+static int run_batched(gbench *g, uint32_t n) {
+  bset b;
+  memset(&b, 0, sizeof(b));
+  b.n = n;
+  uint64_t bound;
+  kvt_codec_spec raw = KVT_CODEC_SPEC_INIT;
+  int rc = kvt_encode_bound(g->ctx, &raw, 0, LAYERS, BATCH_TOKENS, HEADS, HDIM, &bound);
+  if (rc)
+    return kv_fail(g, "bound", rc);
+  b.each = (size_t)((bound + 4095) & ~(uint64_t)4095);
+  b.len = calloc(n, sizeof(*b.len));
+  b.items = calloc(n, sizeof(*b.items));
+  if (!b.len || !b.items)
+    rc = CLI_EFAIL;
+  if (!rc)
+    rc = cu(cudaHostAlloc((void **)&b.pin, n * b.each, cudaHostAllocMapped),
+            "cudaHostAlloc of the chunks");
+  if (!rc)
+    rc = cu(cudaHostAlloc((void **)&b.verdicts, n * sizeof(kvt_gpu_verdict),
+                          cudaHostAllocMapped), "cudaHostAlloc verdicts");
+  if (!rc) {
+    printf("\nlayer-sized: %u chunks of %u tokens x %u layers (1 MiB of bf16 K+V per chunk "
+           "and layer), loaded layer by layer with an event after each, verified on the GPU\n",
+           n, BATCH_TOKENS, LAYERS);
+    printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %8s %7s\n", "preset", "payload",
+           "H2D", "chunk", "chunk/", "batch", "batch/", "trust/", "tr-zc/", "KV", "D2H", "store",
+           "store/");
+    printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %8s %7s\n", "", "MiB", "GB/s",
+           "GB/s", "H2D", "GB/s", "H2D", "H2D", "H2D", "GB/s", "GB/s", "GB/s", "D2H");
+  }
+  for (size_t i = 0; i < N_SPECS && !rc; i++) {
+    brow r;
+    if ((rc = batch_run(g, &b, gpu_specs[i], &r)) != 0)
+      break;
+    const double by = (double)r.bytes / 1e9;
+    printf("%-16s %9.1f %8.1f %8.1f %7.2f %8.1f %7.2f %7.2f %7.2f %8.1f %8.1f %8.1f %7.2f\n",
+           gpu_specs[i], (double)r.bytes / (1 << 20), by / r.h2d, by / r.per_chunk,
+           r.h2d / r.per_chunk, by / r.batched, r.h2d / r.batched, r.h2d / r.batched_trusted,
+           r.h2d / r.batched_zc,
+           (double)r.raw / 1e9 / r.batched, by / r.d2h, by / r.store, r.d2h / r.store);
+    fflush(stdout);
+  }
+  cudaFreeHost(b.pin);
+  cudaFreeHost(b.verdicts);
+  free(b.len);
+  free(b.items);
+  return rc;
+}
+
 static void print_hbm(const char *spec, const grow *r) {
   /* bytes read + written: payload and 16-bit KV */
   const double rw = (double)(r->bytes + r->raw) / 1e9, d2d = 2.0 * (double)r->bytes / 1e9;
@@ -517,10 +717,11 @@ static void print_row(const char *spec, const grow *r) {
 }
 
 int cli_bench_gpu_main(int argc, char **argv) {
-  uint32_t iters = 5, max_tokens = 32768;
+  uint32_t iters = 5, max_tokens = 32768, batch = SLOTS / BATCH_TOKENS;
   const cli_opt opts[] = {
       {"--iters", NULL, CLI_U32, &iters, 1, MAX_ITERS},
       {"--max-tokens", NULL, CLI_U32, &max_tokens, 1, 32768},
+      {"--batch", NULL, CLI_U32, &batch, 0, SLOTS / BATCH_TOKENS},
   };
   size_t npos = 0;
   int rc = cli_parse("bench gpu", argc, argv, opts, sizeof(opts) / sizeof(opts[0]), NULL, 0,
@@ -543,7 +744,8 @@ int cli_bench_gpu_main(int argc, char **argv) {
   g.iters = iters;
   printf("kvtier bench gpu: %s (%d SMs), kvtier %s\n", prop.name, prop.multiProcessorCount,
          kvt_version_string());
-  printf("command: kvtier bench gpu --iters %u --max-tokens %u\n", iters, max_tokens);
+  printf("command: kvtier bench gpu --iters %u --max-tokens %u --batch %u\n", iters,
+         max_tokens, batch);
   printf("cache: Llama-3.1-8B shape (32 layers, 8 KV heads, dim 128), bf16, vLLM layout, "
          "16-token blocks, %u slots; payloads in pinned mapped host memory\n", SLOTS);
   printf("medians of %u iterations after 1 warm-up; GB = 1e9 bytes; KV = restored 16-bit K+V\n",
@@ -570,6 +772,8 @@ int cli_bench_gpu_main(int argc, char **argv) {
       for (size_t i = 0; i < N_SPECS; i++)
         print_hbm(gpu_specs[i], &r[i]);
     }
+    if (rc == 0 && batch)
+      rc = run_batched(&g, batch);
   }
   teardown(&g);
   return rc ? CLI_EFAIL : CLI_OK;

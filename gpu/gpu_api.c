@@ -153,6 +153,11 @@ int kvt_gpu_load(kvt_gpu_layout *layout, const void *payload, size_t len,
   (void)layout, (void)payload, (void)len, (void)p, (void)stream;
   return KVT_ENOTSUP;
 }
+int kvt_gpu_load_batch(kvt_gpu_layout *layout, const kvt_gpu_load_item *items, uint32_t n,
+                       const kvt_gpu_load_params *p, void *stream) {
+  (void)layout, (void)items, (void)n, (void)p, (void)stream;
+  return KVT_ENOTSUP;
+}
 int kvt_gpu_verdict_check(kvt_gpu_layout *layout, const kvt_gpu_verdict *verdict) {
   (void)layout, (void)verdict;
   return KVT_ENOTSUP;
@@ -182,8 +187,10 @@ struct kvt_gpu_layout {
   void *ev_copied[NSLOT], *ev_free[NSLOT];
   uint32_t next_slot;
   /* Per slot, for the checksum kernels of staged stores and of loads
-   * verified on the GPU: a gate word (device [NSLOT]) and digest scratch;
-   * guarded by the slot's events like its bytes. */
+   * verified on the GPU: a gate word per payload of a batched piece (device
+   * [NSLOT][KVT_GPU_BATCH_MAX], then a counter per slot: slot_gate,
+   * slot_counter) and digest scratch; guarded by the slot's events like its
+   * bytes. */
   uint32_t *gates;
   uint64_t *slot_digests[NSLOT];
   uint64_t slot_digest_words[NSLOT];
@@ -196,6 +203,15 @@ struct kvt_gpu_layout {
 };
 
 #define AUX_BYTES (sizeof(kvt_gpu_status) + 2 * KVT_MAX_LAYERS * sizeof(float))
+#define GATE_WORDS (NSLOT * KVT_GPU_BATCH_MAX + NSLOT)
+
+/* The gate of payload k of slot's piece, and the slot's checksum counter. */
+static uint32_t *slot_gate(const kvt_gpu_layout *L, uint32_t slot, uint32_t k) {
+  return L->gates + (uint64_t)slot * KVT_GPU_BATCH_MAX + k;
+}
+static unsigned *slot_counter(const kvt_gpu_layout *L, uint32_t slot) {
+  return L->gates + NSLOT * KVT_GPU_BATCH_MAX + slot;
+}
 
 /* The largest section of kp's layers [first, first + count) (stored = raw:
  * the GPU path has no lossless stage): an n16 section only where a raw layer
@@ -300,9 +316,10 @@ static int staging_create(kvt_gpu_layout *L, const char **what) {
         (e = kvt_gpurt_event_create(&L->ev_free[i])) != 0)
       return e;
   *what = "cudaMalloc of the checksum scratch";
-  /* [NSLOT] gates, then [NSLOT] counters of the one-launch checksums. */
-  if ((e = kvt_gpurt_malloc((void **)&L->gates, 2 * NSLOT * sizeof(uint32_t))) != 0 ||
-      (e = kvt_gpurt_zero(L->gates, 2 * NSLOT * sizeof(uint32_t))) != 0)
+  /* [NSLOT][KVT_GPU_BATCH_MAX] gates, then [NSLOT] counters of the
+   * one-launch checksums. */
+  if ((e = kvt_gpurt_malloc((void **)&L->gates, GATE_WORDS * sizeof(uint32_t))) != 0 ||
+      (e = kvt_gpurt_zero(L->gates, GATE_WORDS * sizeof(uint32_t))) != 0)
     return e;
   /* A slot's pieces: one digest per 4 KiB, plus a partial piece for each of
    * up to 2 * KVT_MAX_LAYERS sections (more only where sections differ
@@ -316,11 +333,12 @@ static int staging_create(kvt_gpu_layout *L, const char **what) {
   return 0;
 }
 
-/* Digest scratch of slot for count sections of kp's shape (kp->first and
- * kp->count the piece's layers); grows it when a piece needs more. */
+/* Digest scratch of slot for the sections of kp's layers (kp->first and
+ * kp->count: the piece's) of `items` payloads of kp's shape; grows it when
+ * a piece needs more. */
 static int slot_digests(kvt_gpu_layout *L, uint32_t slot, const kvt_gpu_kparams *kp,
-                        uint64_t **out) {
-  const uint64_t need = kvt_gpurt_digest_words(2 * kp->count, max_section(kp));
+                        uint32_t items, uint64_t **out) {
+  const uint64_t need = kvt_gpurt_digest_words(2 * kp->count, max_section(kp)) * items;
   if (need > L->slot_digest_words[slot]) {
     kvt_gpurt_free(L->slot_digests[slot]); /* waits for the device's work */
     L->slot_digests[slot] = NULL;
@@ -478,7 +496,7 @@ static void set_divisors(kvt_gpu_kparams *kp) {
  * device memory (measured on an H200: 8 while there are few groups, 16
  * beyond; 0 leaves the kernel's choice for host reads, which favour fewer,
  * longer threads). */
-static void set_chunk(kvt_gpu_layout *L, const kvt_codec_spec *spec, int mode,
+static void set_chunk(kvt_gpu_layout *L, const kvt_codec_spec *spec, int mode, uint32_t items,
                       kvt_gpu_kparams *kp) {
   kp->chunk = pick_chunk(L, spec, mode);
   set_divisors(kp);
@@ -486,7 +504,7 @@ static void set_chunk(kvt_gpu_layout *L, const kvt_codec_spec *spec, int mode,
   if (mode == CHUNK_LOAD_DEVICE && kp->chunk) {
     const uint32_t g = kp->group ? kp->group : 1;
     const uint64_t groups = ((uint64_t)kp->tokens + g - 1) / g * kp->heads *
-                            (kp->head_dim / kp->chunk) * 2 * kp->count;
+                            (kp->head_dim / kp->chunk) * 2 * kp->count * items;
     kp->part = groups < 65536 ? 8 : 16;
   }
 }
@@ -543,7 +561,7 @@ static int fill_kparams(kvt_gpu_layout *L, const kvt_codec_spec *spec, uint32_t 
     return kvt_fail(L->ctx, KVT_ETOOBIG, "%u tokens x %u heads x %u dim: a section of 2^31 "
                     "elements or more is not supported by the GPU kernels", tokens, d->heads,
                     d->head_dim);
-  set_chunk(L, spec, load, kp);
+  set_chunk(L, spec, load, 1, kp);
   return 0;
 }
 
@@ -622,6 +640,13 @@ static uint64_t piece_target(const kvt_gpu_layout *L, uint64_t left) {
   return t < L->slot_bytes ? t : L->slot_bytes;
 }
 
+/* The next staging slot in turn. */
+static uint32_t take_slot(kvt_gpu_layout *L) {
+  const uint32_t slot = L->next_slot;
+  L->next_slot = (slot + 1) % NSLOT;
+  return slot;
+}
+
 /* Bytes [*begin, *end) of payload-relative layer i that a transfer moves. */
 typedef void (*span_fn)(const kvt_gpu_kparams *kp, uint32_t i, uint64_t size, uint64_t *begin,
                         uint64_t *end);
@@ -643,9 +668,7 @@ static uint32_t next_piece(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, span_fn
     *end = ne;
     (*n)++;
   }
-  const uint32_t slot = L->next_slot;
-  L->next_slot = (slot + 1) % NSLOT;
-  return slot;
+  return take_slot(L);
 }
 
 /* Bytes [*begin, *end) a store writes for payload-relative layer i: its K
@@ -706,7 +729,7 @@ static int store_staged(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, uint8_t *d
     if (i > 0)
       piece.flags |= KVT_GPU_KP_KEEP_STATUS; /* the first piece's launch reset it */
     uint64_t *dig = NULL; /* allocated before the slot is touched */
-    if ((e = slot_digests(L, slot, &piece, &dig)) != 0) {
+    if ((e = slot_digests(L, slot, &piece, 1, &dig)) != 0) {
       if (i > 0) /* earlier pieces' copies into dst are queued */
         staged_abandon(L, NSLOT, stream);
       return cuda_fail(L->ctx, e, "cudaMalloc of the checksum scratch");
@@ -716,7 +739,7 @@ static int store_staged(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, uint8_t *d
       break;
     const kvt_gpu_sections sec = {dst_dev, piece.payload, begin, end, 2 * i, 2 * n,
                                   KVT_FORMAT_VERSION, 1, max_section(&piece), dig,
-                                  NULL, NULL, 0, L->gates + NSLOT + slot, 0, 0};
+                                  NULL, NULL, 0, slot_counter(L, slot), 0, 0};
     if ((e = kvt_gpurt_store(&piece, stream)) != 0)
       what = "store kernel launch";
     else if ((e = kvt_gpurt_sections(&sec, stream)) != 0)
@@ -984,19 +1007,20 @@ static int verify_on_gpu(kvt_gpu_layout *L, const uint8_t *dev, size_t len, unsi
   return 0;
 }
 
-/* Launches the load of kp's layers: one kernel, or with events one per
- * layer, recording events[ev0 + i] after layer kp->first + i. */
-static int launch_layers(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, void *const *events,
-                         uint32_t ev0, void *stream) {
+/* Launches the load of kp's layers (of the payloads of items, or NULL: of
+ * kp's one): one kernel, or with events one per layer, recording
+ * events[ev0 + i] after layer kp->first + i. */
+static int launch_layers(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, const kvt_gpu_items *items,
+                         void *const *events, uint32_t ev0, void *stream) {
   if (!events) {
-    const int e = kvt_gpurt_load(kp, stream);
+    const int e = kvt_gpurt_load_batch(kp, items, stream);
     return e ? cuda_fail(L->ctx, e, "load kernel launch") : 0;
   }
   kvt_gpu_kparams one = *kp;
   for (uint32_t i = 0; i < kp->count; i++) {
     one.first = kp->first + i;
     one.count = 1;
-    int e = kvt_gpurt_load(&one, stream);
+    int e = kvt_gpurt_load_batch(&one, items, stream);
     if (e)
       return cuda_fail(L->ctx, e, "load kernel launch");
     if ((e = kvt_gpurt_event_record(events[ev0 + i], stream)) != 0)
@@ -1009,13 +1033,6 @@ static int launch_layers(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, void *con
 static void layer_span(const kvt_gpu_kparams *kp, uint32_t i, uint64_t *begin, uint64_t *end) {
   *begin = kvt_gpu_sec_offset(kp, i, 0);
   *end = kvt_gpu_sec_offset(kp, i, 1) + kvt_gpu_sec_size(kp, kp->layer_begin + i, 1);
-}
-
-/* layer_span as a span_fn (a load moves the sections only). */
-static void load_span(const kvt_gpu_kparams *kp, uint32_t i, uint64_t size, uint64_t *begin,
-                      uint64_t *end) {
-  (void)size;
-  layer_span(kp, i, begin, end);
 }
 
 /* Bytes of the loaded layers' sections. */
@@ -1051,69 +1068,152 @@ typedef struct gpu_check {
   uint64_t expect_header; /* the copy's header checksum */
 } gpu_check;
 
-/* Queues the checks of piece's layers (payload bytes [lo, hi) at body + lo)
- * on stream, gating piece's load kernels on slot's gate. */
+/* Queues the checks of piece's layers (payload bytes [lo, hi) at body + lo;
+ * with items, of items->n payloads, each with its own table, body, gate
+ * and verdict) on stream, gating piece's load kernels on slot's gates. */
 static int check_piece(kvt_gpu_layout *L, const gpu_check *chk, uint32_t slot,
                        kvt_gpu_kparams *piece, const uint8_t *body, uint64_t lo, uint64_t hi,
-                       int last, void *stream) {
+                       int last, const kvt_gpu_sec_items *items, void *stream) {
   uint64_t *dig = NULL;
-  int e = chk->major >= 2 ? slot_digests(L, slot, piece, &dig) : 0;
+  int e = chk->major >= 2 ? slot_digests(L, slot, piece, items ? items->n : 1, &dig) : 0;
   if (e)
     return cuda_fail(L->ctx, e, "cudaMalloc of the checksum scratch");
-  const kvt_gpu_sections sec = {chk->table,       body,
-                                lo,               hi,
-                                2 * piece->first, 2 * piece->count,
-                                chk->major,       0,
-                                max_section(piece), dig,
-                                L->gates + slot,  chk->verdict,
-                                last,             L->gates + NSLOT + slot,
-                                chk->check_header, chk->expect_header};
-  if ((e = kvt_gpurt_sections(&sec, stream)) != 0)
+  const kvt_gpu_sections sec = {chk->table,          body,
+                                lo,                  hi,
+                                2 * piece->first,    2 * piece->count,
+                                chk->major,          0,
+                                max_section(piece),  dig,
+                                slot_gate(L, slot, 0), chk->verdict,
+                                last,                slot_counter(L, slot),
+                                chk->check_header,   chk->expect_header};
+  if ((e = kvt_gpurt_sections_batch(&sec, items, stream)) != 0)
     return cuda_fail(L->ctx, e, "checksum kernel launch");
-  piece->gate = L->gates + slot;
+  piece->gate = slot_gate(L, slot, 0);
   return 0;
 }
 
-static int load_staged(kvt_gpu_layout *L, const uint8_t *host, const kvt_gpu_kparams *kp,
-                       const gpu_check *chk, void *const *events, void *stream) {
-  uint64_t b0, e0, b1, e1;
-  layer_span(kp, kp->first, &b0, &e0);
-  layer_span(kp, kp->first + kp->count - 1, &b1, &e1);
-  uint64_t left = e1 - b0;
+/* One payload of a staged load: where the copies read it, its slots, the
+ * device address of its byte 0 (its table, for a load verified on the GPU)
+ * and of its verdict. */
+typedef struct staged_item {
+  const uint8_t *host;
+  const int64_t *slots;
+  uint8_t *table;
+  uint32_t *verdict;
+} staged_item;
+
+/* The copy of each payload in a piece of a batched staged load is at least
+ * this long (where a slot allows): on an H200, 128 chunks of 256 tokens x
+ * 32 layers loaded at 0.61-0.83x of cudaMemcpy with one layer per copy (0.3-1
+ * MiB: the copy engine's cost per copy), 0.89-0.93x with 2 MiB copies,
+ * 0.93-0.94x with 4 MiB and 0.95-0.97x with 8 MiB; 4 MiB keeps layer groups
+ * short (4 layers of a bf16 chunk, 13 of an int4 one). At most a quarter of
+ * a slot, so that a slot holds several payloads. */
+#define MIN_COPY (4ull << 20)
+
+/* The next piece of a staged load of n payloads of kp's shape, from layer
+ * a (of those before stop), `left` bytes to go in all: whole layers [a, a +
+ * *nl), bytes [*begin, *end) of each payload, laid out in a slot every
+ * *stride bytes, *per payloads a piece. As many layers as fit
+ * piece_target(left) for the payloads of one launch, or more - up to what
+ * fits the target for one payload - until a payload's copy is MIN_COPY
+ * long (a quarter of a slot at most); where they do not fit, their payloads
+ * are split over pieces. With
+ * one payload: pieces of whole layers that shrink towards the end (half of
+ * what is left), so the kernel left after the last copy is a short one. */
+static void plan_piece(const kvt_gpu_layout *L, const kvt_gpu_kparams *kp, uint32_t a,
+                       uint32_t stop, uint32_t n, uint64_t left, uint32_t *nl, uint64_t *begin,
+                       uint64_t *end, uint64_t *stride, uint32_t *per) {
+  const uint64_t target = piece_target(L, left);
+  const uint32_t group = n < KVT_GPU_BATCH_MAX ? n : KVT_GPU_BATCH_MAX;
+  const uint64_t min_copy = MIN_COPY < L->slot_bytes / 4 ? MIN_COPY : L->slot_bytes / 4;
+  uint64_t nb, ne;
+  layer_span(kp, a, begin, end);
+  *nl = 1;
+  while (a + *nl < stop) {
+    layer_span(kp, a + *nl, &nb, &ne);
+    const uint64_t cur = kvt_gpu_align(*end - *begin, 256);
+    const uint64_t next = kvt_gpu_align(ne - *begin, 256);
+    if ((group * next > target && cur >= min_copy) || next > target)
+      break;
+    *end = ne;
+    (*nl)++;
+  }
+  *stride = kvt_gpu_align(*end - *begin, 256);
+  const uint64_t fit = target / *stride;
+  *per = fit < 1 ? 1 : fit > group ? group : (uint32_t)fit;
+}
+
+/* Pieces of whole layers, so the copy of one overlaps the kernel of the one
+ * before and only the last piece's kernel is left after the copies end.
+ * Each piece costs host calls and cross-stream waits, so there are few. A
+ * piece holds a layer range of up to KVT_GPU_BATCH_MAX payloads (one copy
+ * each), checked and loaded by one launch each. chk: NULL, or the check on
+ * the GPU (its table and verdict are the items'). events: recorded after
+ * each layer of every payload. */
+static int load_staged(kvt_gpu_layout *L, const staged_item *it, uint32_t n,
+                       const kvt_gpu_kparams *kp, const gpu_check *chk, void *const *events,
+                       void *stream) {
+  const uint32_t stop = kp->first + kp->count;
+  uint64_t left = loaded_bytes(kp) * n;
   int e = kvt_gpurt_event_record(L->ev_start, stream);
   if (e == 0)
     e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_start);
-  for (uint32_t i = kp->first; e == 0 && i < kp->first + kp->count;) {
-    /* Half of what is left (at least 8 MiB, at most a slot): the pieces
-     * shrink towards the end, so the kernel left after the last copy is a
-     * short one, and a load takes few pieces. */
-    uint64_t begin, end;
-    uint32_t n;
-    const uint32_t slot = next_piece(L, kp, load_span, 0, i, kp->first + kp->count, left,
-                                     &begin, &end, &n);
-    uint8_t *dst = L->staging + (uint64_t)slot * L->slot_bytes;
-    if ((e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_free[slot])) != 0 ||
-        (e = kvt_gpurt_copy_h2d_async(dst, host + begin, end - begin, L->copy_stream)) != 0 ||
-        (e = kvt_gpurt_event_record(L->ev_copied[slot], L->copy_stream)) != 0 ||
-        (e = kvt_gpurt_stream_wait(stream, L->ev_copied[slot])) != 0)
-      break;
-    kvt_gpu_kparams piece = *kp;
-    piece.payload = (uint8_t *)((uintptr_t)dst - begin); /* section offsets stay the payload's */
-    piece.first = i;
-    piece.count = n;
-    int rc = chk ? check_piece(L, chk, slot, &piece, piece.payload, begin, end,
-                               i + n == kp->first + kp->count, stream)
-                 : 0;
-    if (rc == 0)
-      rc = launch_layers(L, &piece, events, i - kp->first, stream);
-    if (rc) {
-      staged_abandon(L, slot, stream);
-      return rc;
+  for (uint32_t a = kp->first; e == 0 && a < stop;) {
+    uint64_t begin, end, stride;
+    uint32_t nl, per, ni;
+    plan_piece(L, kp, a, stop, n, left, &nl, &begin, &end, &stride, &per);
+    for (uint32_t i0 = 0; e == 0 && i0 < n; i0 += ni) {
+      ni = n - i0 < per ? n - i0 : per;
+      const uint32_t slot = take_slot(L);
+      uint8_t *buf = L->staging + (uint64_t)slot * L->slot_bytes;
+      if ((e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_free[slot])) != 0)
+        break;
+      for (uint32_t k = 0; e == 0 && k < ni; k++)
+        e = kvt_gpurt_copy_h2d_async(buf + k * stride, it[i0 + k].host + begin, end - begin,
+                                     L->copy_stream);
+      if (e || (e = kvt_gpurt_event_record(L->ev_copied[slot], L->copy_stream)) != 0 ||
+          (e = kvt_gpurt_stream_wait(stream, L->ev_copied[slot])) != 0)
+        break;
+      kvt_gpu_kparams piece = *kp;
+      piece.payload = (uint8_t *)((uintptr_t)buf - begin); /* section offsets stay the payload's */
+      piece.slots = it[i0].slots;
+      piece.first = a;
+      piece.count = nl;
+      /* One payload: kp's own fields (no item array to pass). */
+      kvt_gpu_items items;
+      kvt_gpu_sec_items checks;
+      items.n = checks.n = ni;
+      items.reserved = checks.reserved = 0;
+      for (uint32_t k = 0; k < ni && ni > 1; k++) {
+        uint8_t *body = (uint8_t *)((uintptr_t)(buf + k * stride) - begin);
+        const kvt_gpu_item one = {body, it[i0 + k].slots, chk ? slot_gate(L, slot, k) : NULL};
+        const kvt_gpu_sec_item c = {it[i0 + k].table, body, slot_gate(L, slot, k),
+                                    it[i0 + k].verdict};
+        items.it[k] = one;
+        checks.it[k] = c;
+      }
+      int rc = 0;
+      if (chk) {
+        const gpu_check c1 = {it[i0].table, chk->major, it[i0].verdict, 0, 0};
+        rc = check_piece(L, &c1, slot, &piece, piece.payload, begin, end, a + nl == stop,
+                         ni > 1 ? &checks : NULL, stream);
+      }
+      /* Layer events go after the last payloads' launches (stream order:
+       * the earlier ones' layers are loaded by then). */
+      if (rc == 0)
+        rc = launch_layers(L, &piece, ni > 1 ? &items : NULL, i0 + ni == n ? events : NULL,
+                           a - kp->first, stream);
+      if (rc) {
+        staged_abandon(L, slot, stream);
+        return rc;
+      }
+      if ((e = kvt_gpurt_event_record(L->ev_free[slot], stream)) != 0)
+        break;
+      const uint64_t moved = (uint64_t)ni * (end - begin);
+      left -= left < moved ? left : moved;
     }
-    if ((e = kvt_gpurt_event_record(L->ev_free[slot], stream)) != 0)
-      break;
-    left -= left < end - begin ? left : end - begin;
-    i += n;
+    a += nl;
   }
   if (e) {
     staged_abandon(L, NSLOT, stream);
@@ -1136,9 +1236,9 @@ static int load_device_checked(kvt_gpu_layout *L, const uint8_t *dev, size_t len
   int e = kvt_gpurt_stream_wait(stream, L->ev_free[slot]);
   if (e)
     return cuda_fail(L->ctx, e, "cudaStreamWaitEvent");
-  int rc = check_piece(L, chk, slot, kp, dev, 0, len, 1, stream);
+  int rc = check_piece(L, chk, slot, kp, dev, 0, len, 1, NULL, stream);
   if (rc == 0)
-    rc = launch_layers(L, kp, events, 0, stream);
+    rc = launch_layers(L, kp, NULL, events, 0, stream);
   if (rc) {
     staged_abandon(L, slot, stream);
     return rc;
@@ -1263,11 +1363,159 @@ int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
       stageable(L, &kp) &&
       (gpu_checked || (p->flags & KVT_GPU_LOAD_STAGED) ||
        loaded_bytes(&kp) >= STAGE_MIN_BYTES)) {
-    set_chunk(L, &in.spec, CHUNK_LOAD_DEVICE, &kp); /* the kernel reads the staging slots */
-    return load_staged(L, (const uint8_t *)payload, &kp, gpu_checked ? &chk : NULL,
-                       p->layer_events, stream);
+    set_chunk(L, &in.spec, CHUNK_LOAD_DEVICE, 1, &kp); /* the kernel reads the staging slots */
+    const staged_item one = {(const uint8_t *)payload, p->slots, dev, vdev};
+    return load_staged(L, &one, 1, &kp, gpu_checked ? &chk : NULL, p->layer_events, stream);
   }
-  return launch_layers(L, &kp, p->layer_events, 0, stream);
+  return launch_layers(L, &kp, NULL, p->layer_events, 0, stream);
+}
+
+/* ---- batched loads ---- */
+
+/* A batch item's failure: the detail prefixed with the item, rc kept. */
+static int item_fail(kvt_ctx *ctx, uint32_t k, int rc) {
+  char why[256];
+  snprintf(why, sizeof(why), "%s", kvt_ctx_last_error(ctx));
+  return kvt_fail(ctx, rc, "kvt_gpu_load_batch: item %u: %s", k, why);
+}
+
+/* The device address of a verdict (pinned, mapped host memory). */
+static int verdict_addr(kvt_ctx *ctx, kvt_gpu_verdict *v, uint32_t **dev) {
+  int vkind = 0;
+  void *vd = NULL;
+  int e = kvt_gpurt_pointer(v, &vkind, &vd);
+  if (e)
+    return cuda_fail(ctx, e, "cudaPointerGetAttributes of the verdict");
+  if (vkind != KVT_GPU_MEM_PINNED || !vd || (uintptr_t)v % 4)
+    return kvt_fail(ctx, -EINVAL, "the verdict at %p must be pinned host memory mapped into "
+                    "the device (cudaHostAlloc)", (void *)v);
+  *dev = vd;
+  return 0;
+}
+
+/* Checks item k of a batch on the host (kvt_gpu_load's checks) and that it
+ * has item 0's geometry (*first, filled from item 0); the staged item's
+ * addresses go to *out. host_check: verify the loaded sections' checksums
+ * here (no GPU verify); kp: item 0's launch parameters (filled at k 0). */
+static int batch_item(kvt_gpu_layout *L, const kvt_gpu_load_item *item, uint32_t k,
+                      const kvt_gpu_load_params *p, kvt_payload_info *first,
+                      kvt_gpu_kparams *kp, int host_check, staged_item *out) {
+  kvt_ctx *ctx = L->ctx;
+  int kind = 0, rc;
+  uint8_t *dev = NULL;
+  if (!item->payload || !item->slots)
+    return kvt_fail(ctx, -EINVAL, "NULL payload or slots");
+  if ((rc = payload_addr(ctx, item->payload, &kind, &dev)) != 0)
+    return rc;
+  if (kind != KVT_GPU_MEM_PINNED)
+    return kvt_fail(ctx, KVT_ENOTSUP, "the payload at %p is in device memory: a batch loads "
+                    "pinned host payloads (use kvt_gpu_load)", item->payload);
+  kvt_gpu_load_params one = *p;
+  one.expect_key = item->expect_key;
+  kvt_payload_info in;
+  memset(&in, 0, sizeof(in));
+  uint32_t count = 0;
+  if ((rc = kvt_payload_parse(ctx, item->payload, item->len, &in)) != 0 ||
+      (rc = load_check(L, &in, &one, &count)) != 0)
+    return rc;
+  if (k == 0) {
+    *first = in;
+    if ((rc = fill_kparams(L, &in.spec, in.tokens, in.layer_begin, in.layers, p->layer_first,
+                           count, item->slots, dev, CHUNK_LOAD_HOST, kp)) != 0)
+      return rc;
+  } else if (memcmp(&in.spec, &first->spec, sizeof(in.spec)) != 0 ||
+             in.layer_begin != first->layer_begin || in.layers != first->layers ||
+             in.version_major != first->version_major ||
+             in.header_size != first->header_size) {
+    return kvt_fail(ctx, KVT_ESHAPE, "its spec, layers %u+%u or format %u differ from item "
+                    "0's (%u+%u, format %u): a batch's payloads share one geometry",
+                    in.layer_begin, in.layers, in.version_major, first->layer_begin,
+                    first->layers, first->version_major);
+  }
+  if ((rc = load_sections(ctx, item->payload, host_check ? item->payload : NULL,
+                          in.version_major, kp)) != 0)
+    return rc;
+  out->host = item->payload;
+  out->slots = item->slots;
+  out->table = dev;
+  out->verdict = NULL;
+  if (item->verdict && (rc = verdict_addr(ctx, item->verdict, &out->verdict)) != 0)
+    return rc;
+  return 0;
+}
+
+int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items, uint32_t n,
+                       const kvt_gpu_load_params *p, void *stream) {
+  if (!L)
+    return -EINVAL;
+  kvt_ctx *ctx = L->ctx;
+  kvt_clear_error(ctx);
+  if (!items || !n || !p || p->struct_size < sizeof(*p))
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_load_batch: NULL items or params, or old params");
+  if (p->expect_key || p->slots || p->header || p->verdict)
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_load_batch: expect_key, slots, header and verdict "
+                    "are per payload (kvt_gpu_load_item), not in the shared params");
+  const int verdicts = items[0].verdict != NULL;
+  for (uint32_t k = 1; k < n; k++)
+    if ((items[k].verdict != NULL) != verdicts)
+      return kvt_fail(ctx, -EINVAL, "kvt_gpu_load_batch: item %u %s a verdict and item 0 "
+                      "%s: all items have one or none does", k,
+                      verdicts ? "lacks" : "has", verdicts ? "has" : "does not");
+  staged_item *st = kvt_alloc(ctx, (size_t)n * sizeof(*st), 64);
+  if (!st)
+    return kvt_fail(ctx, -ENOMEM, "kvt_gpu_load_batch: %u items", n);
+  /* Item 0 first, for the geometry; then whether the GPU verifies, which
+   * decides whether the others' sections are hashed here. */
+  kvt_payload_info first;
+  kvt_gpu_kparams kp;
+  int rc = batch_item(L, &items[0], 0, p, &first, &kp, 0, &st[0]);
+  const int gpu_checked = rc == 0 && verdicts && L->staging && first.version_major >= 2 &&
+                          !(p->flags & (KVT_GPU_LOAD_TRUST_HOST | KVT_GPU_LOAD_ZERO_COPY)) &&
+                          stageable(L, &kp);
+  const int host_check = !(p->flags & KVT_GPU_LOAD_TRUST_HOST) && !gpu_checked;
+  if (rc == 0 && host_check)
+    rc = load_sections(ctx, items[0].payload, items[0].payload, first.version_major, &kp);
+  if (rc) {
+    kvt_dealloc(ctx, st);
+    return item_fail(ctx, 0, rc);
+  }
+  for (uint32_t k = 1; k < n; k++)
+    if ((rc = batch_item(L, &items[k], k, p, &first, &kp, host_check, &st[k])) != 0) {
+      kvt_dealloc(ctx, st);
+      return item_fail(ctx, k, rc);
+    }
+  for (uint32_t k = 0; k < n && verdicts; k++) {
+    kvt_gpu_verdict *v = items[k].verdict;
+    memset(v, 0, sizeof(*v));
+    v->bad_section = UINT32_MAX;
+    v->layer_begin = first.layer_begin;
+    v->sections = 2 * kp.count;
+    v->done = gpu_checked ? 0 : 1; /* else every check has run */
+  }
+  const int staged = L->staging && !(p->flags & KVT_GPU_LOAD_ZERO_COPY) && stageable(L, &kp) &&
+                     (gpu_checked || (p->flags & KVT_GPU_LOAD_STAGED) ||
+                      loaded_bytes(&kp) * n >= STAGE_MIN_BYTES);
+  if (staged) {
+    const gpu_check chk = {NULL, first.version_major, NULL, 0, 0};
+    set_chunk(L, &first.spec, CHUNK_LOAD_DEVICE, n < KVT_GPU_BATCH_MAX ? n : KVT_GPU_BATCH_MAX,
+              &kp);
+    rc = load_staged(L, st, n, &kp, gpu_checked ? &chk : NULL, p->layer_events, stream);
+  } else {
+    /* The kernels read host memory, up to KVT_GPU_BATCH_MAX payloads a
+     * launch; layer events after the last group's layers. */
+    kvt_gpu_items group;
+    group.reserved = 0;
+    for (uint32_t i0 = 0; rc == 0 && i0 < n; i0 += group.n) {
+      group.n = n - i0 < KVT_GPU_BATCH_MAX ? n - i0 : KVT_GPU_BATCH_MAX;
+      for (uint32_t k = 0; k < group.n; k++) {
+        const kvt_gpu_item one = {st[i0 + k].table, st[i0 + k].slots, NULL};
+        group.it[k] = one;
+      }
+      rc = launch_layers(L, &kp, &group, i0 + group.n == n ? p->layer_events : NULL, 0, stream);
+    }
+  }
+  kvt_dealloc(ctx, st);
+  return rc;
 }
 
 #endif

@@ -128,18 +128,51 @@ __device__ uint64_t piece_hash(const uint8_t *in, uint64_t len, int lane, unsign
 
 #define COMBINE_THREADS 256
 
+/* What a checksum launch takes besides a: nothing, or a batch's payloads
+ * (kvt_gpu_sec_items), payload k's in blockIdx.z = k. */
+template <bool B> struct sec_batch {};
+template <> struct sec_batch<true> {
+  kvt_gpu_sec_items v;
+};
+
+/* a with payload k's table, body, gate and verdict. */
+template <bool B>
+__device__ __forceinline__ kvt_gpu_sections payload_of(const kvt_gpu_sections &a,
+                                                       const sec_batch<B> &items, uint32_t k) {
+  kvt_gpu_sections r = a;
+  if constexpr (B) {
+    const kvt_gpu_sec_item &it = items.v.it[k];
+    r.table = it.table;
+    r.body = it.body;
+    r.gate = it.gate;
+    r.verdict = it.verdict;
+  }
+  (void)items;
+  (void)k;
+  return r;
+}
+
 /* Format 2: threads [0, nthreads) of a CTA, a group of 8 lanes per
  * section, hash the pieces' digests of sections [a.first, a.first +
- * a.count) into their checksums: written (seal) or compared (verify). Then,
- * with a verdict and a.done, mark the verdict done: every check of the load
- * is complete (this is its last). Every thread of the CTA calls it. */
-__device__ void combine_sections(const kvt_gpu_sections &a, uint64_t per, unsigned nthreads) {
+ * a.count) of each of the `npay` payloads (digests of payload k's section
+ * g at (k * a.count + g) * per) into their checksums: written (seal) or
+ * compared (verify). Then, with verdicts and a.done, mark them done: every
+ * check of the load is complete (this is its last). Every thread of the CTA
+ * calls it. */
+template <bool B>
+__device__ void combine_sections(const kvt_gpu_sections &a0, const sec_batch<B> &items,
+                                 uint32_t npay, uint64_t per, unsigned nthreads) {
   const int lane = threadIdx.x & 7;
   const unsigned gmask = 0xFFu << (threadIdx.x & 24);
-  if (threadIdx.x == 0 && a.check_header &&
-      kvt_xxh3::rd64(a.table + KVT_PL_HEADER_CHECKSUM) != a.expect_header)
-    mismatch(KVT_GPU_BAD_HEADER, a.gate, a.verdict);
-  for (uint32_t g = threadIdx.x / 8; g < a.count; g += nthreads / 8) {
+  for (uint32_t k = threadIdx.x; k < npay; k += nthreads) {
+    const kvt_gpu_sections a = payload_of(a0, items, k);
+    if (a.check_header && kvt_xxh3::rd64(a.table + KVT_PL_HEADER_CHECKSUM) != a.expect_header)
+      mismatch(KVT_GPU_BAD_HEADER, a.gate, a.verdict);
+  }
+  const uint64_t all = (uint64_t)npay * a0.count;
+  for (uint64_t gk = threadIdx.x / 8; gk < all; gk += nthreads / 8) {
+    const uint32_t k = (uint32_t)(gk / a0.count), g = (uint32_t)(gk % a0.count);
+    const kvt_gpu_sections a = payload_of(a0, items, k);
     const uint32_t i = a.first + g;
     uint8_t *e = a.table + HDR_FIXED + SEC_ENTRY * (uint64_t)i;
     const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
@@ -149,7 +182,7 @@ __device__ void combine_sections(const kvt_gpu_sections &a, uint64_t per, unsign
       continue;
     }
     const uint64_t pieces = n ? (n + KVT_PL_CHECKSUM_BLOCK - 1) / KVT_PL_CHECKSUM_BLOCK : 1;
-    const uint64_t h = group_hash(reinterpret_cast<const uint8_t *>(a.digests + (uint64_t)g * per),
+    const uint64_t h = group_hash(reinterpret_cast<const uint8_t *>(a.digests + gk * per),
                                   8 * pieces, lane, gmask);
     if (lane != 0)
       continue;
@@ -158,22 +191,30 @@ __device__ void combine_sections(const kvt_gpu_sections &a, uint64_t per, unsign
     else if (kvt_xxh3::rd64(e + KVT_PL_ENTRY_CHECKSUM) != h)
       mismatch(i, a.gate, a.verdict);
   }
-  if (a.verdict && a.done) {
+  if (a0.done) {
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
       __threadfence_system();
-      *reinterpret_cast<volatile uint32_t *>(a.verdict + KVT_GPU_VERDICT_DONE) = 1;
+    __syncthreads();
+    for (uint32_t k = threadIdx.x; k < npay; k += nthreads) {
+      const kvt_gpu_sections a = payload_of(a0, items, k);
+      if (a.verdict)
+        *reinterpret_cast<volatile uint32_t *>(a.verdict + KVT_GPU_VERDICT_DONE) = 1;
     }
   }
 }
 
-/* Format 2: the XXH3-64 of piece b of section a.first + blockIdx.y into
- * a.digests[blockIdx.y * per + b]; 16 groups of 8 lanes per CTA, one piece
- * each. Verify: block (0, 0) first resets the gate. With a.counter, the last
+/* Format 2: the XXH3-64 of piece b of section a.first + blockIdx.y of
+ * payload blockIdx.z into a.digests[(blockIdx.z * a.count + blockIdx.y) *
+ * per + b]; 16 groups of 8 lanes per CTA, one piece each. Verify: block
+ * (0, 0) of each payload first resets its gate. With a.counter, the last
  * CTA to finish then combines every section (threadFenceReduction's
  * pattern: the digests are fenced before the count) and zeroes the counter:
  * one launch instead of two per piece of a staged transfer. */
-__global__ void __launch_bounds__(128) pieces_kernel(const kvt_gpu_sections a, uint64_t per) {
+template <bool B>
+__global__ void __launch_bounds__(128)
+    pieces_kernel(const kvt_gpu_sections a0, const sec_batch<B> items, uint64_t per) {
+  const kvt_gpu_sections a = payload_of(a0, items, blockIdx.z);
   if (!a.write && a.gate && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
     *a.gate = ~0u;
   const uint64_t b = (uint64_t)blockIdx.x * 16 + threadIdx.x / 8;
@@ -188,8 +229,8 @@ __global__ void __launch_bounds__(128) pieces_kernel(const kvt_gpu_sections a, u
     const uint64_t take =
         n - start < KVT_PL_CHECKSUM_BLOCK ? n - start : KVT_PL_CHECKSUM_BLOCK;
     const uint64_t h = piece_hash(a.body + off + start, take, lane, gmask);
-    if (lane == 0)
-      a.digests[(uint64_t)blockIdx.y * per + b] = h; /* little-endian, as the format's */
+    if (lane == 0) /* little-endian, as the format's */
+      a.digests[((uint64_t)blockIdx.z * a.count + blockIdx.y) * per + b] = h;
   }
   if (!a.counter)
     return;
@@ -197,20 +238,22 @@ __global__ void __launch_bounds__(128) pieces_kernel(const kvt_gpu_sections a, u
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0)
-    last = atomicAdd(a.counter, 1u) == gridDim.x * gridDim.y - 1;
+    last = atomicAdd(a.counter, 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
   __syncthreads();
   if (!last)
     return;
   __threadfence();
-  combine_sections(a, per, blockDim.x);
+  combine_sections(a0, items, gridDim.z, per, blockDim.x);
   if (threadIdx.x == 0)
     *a.counter = 0;
 }
 
 /* Format 2, without a counter: one CTA combines (combine_sections). */
+template <bool B>
 __global__ void __launch_bounds__(COMBINE_THREADS)
-    combine_kernel(const kvt_gpu_sections a, uint64_t per) {
-  combine_sections(a, per, COMBINE_THREADS);
+    combine_kernel(const kvt_gpu_sections a, const sec_batch<B> items, uint32_t npay,
+                   uint64_t per) {
+  combine_sections(a, items, npay, per, COMBINE_THREADS);
 }
 
 /* Pieces per section for sections of at most max_stored bytes. */
@@ -228,9 +271,12 @@ __global__ void verdict_done_kernel(uint32_t *verdict) {
   *reinterpret_cast<volatile uint32_t *>(verdict + KVT_GPU_VERDICT_DONE) = 1;
 }
 
-extern "C" int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
+template <bool B>
+static int launch_sections(const kvt_gpu_sections *a, const sec_batch<B> &items, uint32_t npay,
+                           cudaStream_t s) {
   if (a->major < 2) {
+    if constexpr (B)
+      return (int)cudaErrorInvalidValue; /* format 1 is read one payload at a time */
     cudaError_t e = cudaSuccess;
     if (!a->write && a->gate && (e = cudaMemsetAsync(a->gate, 0xFF, 4, s)) != cudaSuccess)
       return (int)e;
@@ -243,11 +289,27 @@ extern "C" int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream) {
     return (int)cudaGetLastError();
   }
   const uint64_t per = pieces_per(a->max_stored);
-  const dim3 grid((unsigned)((per + 15) / 16), a->count);
-  pieces_kernel<<<grid, 128, 0, s>>>(*a, per);
+  const dim3 grid((unsigned)((per + 15) / 16), a->count, npay);
+  pieces_kernel<B><<<grid, 128, 0, s>>>(*a, items, per);
   if (!a->counter)
-    combine_kernel<<<1, COMBINE_THREADS, 0, s>>>(*a, per);
+    combine_kernel<B><<<1, COMBINE_THREADS, 0, s>>>(*a, items, npay, per);
   return (int)cudaGetLastError();
+}
+
+extern "C" int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream) {
+  const sec_batch<false> none;
+  return launch_sections(a, none, 1, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int kvt_gpurt_sections_batch(const kvt_gpu_sections *a,
+                                        const kvt_gpu_sec_items *items, void *stream) {
+  if (!items)
+    return kvt_gpurt_sections(a, stream);
+  if (items->n == 0 || items->n > KVT_GPU_BATCH_MAX)
+    return (int)cudaErrorInvalidValue;
+  sec_batch<true> b;
+  b.v = *items;
+  return launch_sections(a, b, items->n, static_cast<cudaStream_t>(stream));
 }
 
 extern "C" int kvt_gpurt_seal(uint8_t *payload, uint64_t len, uint32_t sections,

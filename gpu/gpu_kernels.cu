@@ -207,27 +207,36 @@ __device__ __forceinline__ uint32_t fdq(const kvt_gpu_fdiv &f, uint64_t n) {
 
 struct sec_ctx {
   uint32_t li, kind, fmt;
-  uint8_t *dst;      /* section byte 0 */
-  uint64_t size;     /* section bytes */
-  uint64_t base;     /* engine address of layout layer's (block 0, off 0, head 0) */
+  uint8_t *dst;         /* section byte 0 */
+  uint64_t size;        /* section bytes */
+  uint64_t base;        /* engine address of layout layer's (block 0, off 0, head 0) */
+  const int64_t *slots; /* the chunk's slots */
 };
 
-__device__ __forceinline__ sec_ctx section(const kvt_gpu_kparams &p) {
+/* The section of blockIdx.y of the payload at `payload` whose tokens are at
+ * `slots` (p's own, or a batched launch's item). */
+__device__ __forceinline__ sec_ctx section(const kvt_gpu_kparams &p, uint8_t *payload,
+                                           const int64_t *slots) {
   sec_ctx s;
   s.li = p.first + blockIdx.y / 2;
   s.kind = blockIdx.y & 1;
   const uint32_t abs = p.layer_begin + s.li;
   s.fmt = kvt_gpu_sec_fmt(&p, abs, s.kind);
-  s.dst = p.payload + kvt_gpu_sec_offset(&p, s.li, s.kind);
+  s.dst = payload + kvt_gpu_sec_offset(&p, s.li, s.kind);
   s.size = kvt_gpu_sec_size(&p, abs, s.kind);
   s.base = p.ptrs[s.kind * p.layout_layers + (abs - p.layout_begin)];
+  s.slots = slots;
   return s;
+}
+
+__device__ __forceinline__ sec_ctx section(const kvt_gpu_kparams &p) {
+  return section(p, p.payload, p.slots);
 }
 
 /* The engine row of token t, head h; NULL for a slot outside the cache. */
 __device__ __forceinline__ uint16_t *engine_row(const kvt_gpu_kparams &p, const sec_ctx &s,
                                                 uint32_t t, uint32_t h) {
-  const int64_t slot = p.slots[t];
+  const int64_t slot = s.slots[t];
   if (slot < 0 || (uint64_t)slot >= p.slot_limit)
     return nullptr;
   uint64_t blk, off;
@@ -729,7 +738,8 @@ template <int DT, int C> __device__ void load_i4_tok(const kvt_gpu_kparams &p,
   const uint64_t groups = div_up(p.tokens, G) * H * cpr;
   /* Small loads split each group's tokens over threads (re-reading its
    * parameters) so that there are enough threads to hide PCIe latency. */
-  const uint32_t part = p.part ? min(p.part, G) : groups * gridDim.y < 8192 ? 8 : G;
+  const uint32_t part =
+      p.part ? min(p.part, G) : groups * gridDim.y * gridDim.z < 8192 ? 8 : G;
   const uint32_t parts = (G + part - 1) / part;
   const uint64_t n = groups * parts;
   const uint8_t *codes = s.dst + codes_at(p, s);
@@ -835,11 +845,26 @@ template <int DT, int C> __device__ void load_rows(const kvt_gpu_kparams &p, con
   }
 }
 
-template <int DT, int C> __global__ void __launch_bounds__(THREADS)
-    load_kernel(const kvt_gpu_kparams p) {
-  if (p.gate && *p.gate != ~0u) /* a checksum of these layers did not match */
+/* What a load launch takes besides p: nothing, or a batch's items. */
+template <bool B> struct load_items {};
+template <> struct load_items<true> {
+  kvt_gpu_items v;
+};
+
+template <int DT, int C, bool B> __global__ void __launch_bounds__(THREADS)
+    load_kernel(const kvt_gpu_kparams p, const load_items<B> items) {
+  uint8_t *payload = p.payload;
+  const int64_t *slots = p.slots;
+  const uint32_t *gate = p.gate;
+  if constexpr (B) {
+    const kvt_gpu_item &it = items.v.it[blockIdx.z];
+    payload = it.payload;
+    slots = it.slots;
+    gate = it.gate;
+  }
+  if (gate && *gate != ~0u) /* a checksum of these layers did not match */
     return;
-  const sec_ctx s = section(p);
+  const sec_ctx s = section(p, payload, slots);
   if constexpr (C >= 2) {
     if (s.fmt == KVT_FMT_I4 && kivi(p, s)) {
       load_i4_tok<DT, C>(p, s);
@@ -857,12 +882,16 @@ template <int DT, int C> __global__ void __launch_bounds__(THREADS)
 
 /* ---- launchers ---- */
 
-static dim3 grid_for(const kvt_gpu_kparams *p, uint64_t threads_per_section) {
+/* x CTAs per section (of each of `items` payloads), 8192 CTAs in all at
+ * most. */
+static dim3 grid_for(const kvt_gpu_kparams *p, uint64_t threads_per_section,
+                     uint32_t items = 1) {
   const uint32_t sections = 2 * p->count;
   uint64_t x = (threads_per_section + THREADS - 1) / THREADS;
-  const uint64_t cap = 8192 / sections > 0 ? 8192 / sections : 1;
+  const uint64_t all = (uint64_t)sections * items;
+  const uint64_t cap = 8192 / all > 0 ? 8192 / all : 1;
   x = x < 1 ? 1 : x > cap ? cap : x;
-  return dim3((unsigned)x, sections);
+  return dim3((unsigned)x, sections, items);
 }
 
 template <int DT> static int launch_store(const kvt_gpu_kparams *p, cudaStream_t st) {
@@ -897,19 +926,21 @@ template <int DT> static int launch_store(const kvt_gpu_kparams *p, cudaStream_t
   return (int)cudaGetLastError();
 }
 
-template <int DT> static int launch_load(const kvt_gpu_kparams *p, cudaStream_t st) {
+template <int DT, bool B>
+static int launch_load(const kvt_gpu_kparams *p, const load_items<B> &items, uint32_t n,
+                       cudaStream_t st) {
   const uint64_t threads = (uint64_t)p->tokens * p->heads * (p->head_dim / p->chunk);
-  const dim3 grid = grid_for(p, threads);
+  const dim3 grid = grid_for(p, threads, n);
   if (p->chunk == 32)
-    load_kernel<DT, 32><<<grid, THREADS, 0, st>>>(*p);
+    load_kernel<DT, 32, B><<<grid, THREADS, 0, st>>>(*p, items);
   else if (p->chunk == 16)
-    load_kernel<DT, 16><<<grid, THREADS, 0, st>>>(*p);
+    load_kernel<DT, 16, B><<<grid, THREADS, 0, st>>>(*p, items);
   else if (p->chunk == 8)
-    load_kernel<DT, 8><<<grid, THREADS, 0, st>>>(*p);
+    load_kernel<DT, 8, B><<<grid, THREADS, 0, st>>>(*p, items);
   else if (p->chunk == 2)
-    load_kernel<DT, 2><<<grid, THREADS, 0, st>>>(*p);
+    load_kernel<DT, 2, B><<<grid, THREADS, 0, st>>>(*p, items);
   else
-    load_kernel<DT, 1><<<grid, THREADS, 0, st>>>(*p);
+    load_kernel<DT, 1, B><<<grid, THREADS, 0, st>>>(*p, items);
   return (int)cudaGetLastError();
 }
 
@@ -921,6 +952,20 @@ extern "C" int kvt_gpurt_store(const kvt_gpu_kparams *p, void *stream) {
 
 extern "C" int kvt_gpurt_load(const kvt_gpu_kparams *p, void *stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  return p->dtype == KVT_DTYPE_BF16 ? launch_load<KVT_DTYPE_BF16>(p, st)
-                                    : launch_load<KVT_DTYPE_F16>(p, st);
+  const load_items<false> none;
+  return p->dtype == KVT_DTYPE_BF16 ? launch_load<KVT_DTYPE_BF16>(p, none, 1, st)
+                                    : launch_load<KVT_DTYPE_F16>(p, none, 1, st);
+}
+
+extern "C" int kvt_gpurt_load_batch(const kvt_gpu_kparams *p, const kvt_gpu_items *items,
+                                    void *stream) {
+  if (!items)
+    return kvt_gpurt_load(p, stream);
+  if (items->n == 0 || items->n > KVT_GPU_BATCH_MAX)
+    return (int)cudaErrorInvalidValue;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  load_items<true> b;
+  b.v = *items;
+  return p->dtype == KVT_DTYPE_BF16 ? launch_load<KVT_DTYPE_BF16>(p, b, items->n, st)
+                                    : launch_load<KVT_DTYPE_F16>(p, b, items->n, st);
 }

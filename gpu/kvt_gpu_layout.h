@@ -106,6 +106,25 @@ KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, stride_block) == 40, "kvt_gpu_kp
 KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, block_size) == 136, "kvt_gpu_kparams layout");
 KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_kparams, fmt) == 188, "kvt_gpu_kparams layout");
 
+/* A batched launch (kvt_gpu_load_batch): the payloads of one geometry
+ * (spec, layers, tokens) whose layers a launch loads, one per blockIdx.z,
+ * passed by value in the kernel's parameters (no device array to upload
+ * and guard). Per item: the device-accessible address of payload byte 0
+ * (a staged copy: slot - begin, as kvt_gpu_kparams.payload), its slots and
+ * its gate (NULL: ungated). kvt_gpu_kparams' payload, slots and gate are
+ * then unused. */
+#define KVT_GPU_BATCH_MAX 64
+typedef struct kvt_gpu_item {
+  uint8_t *payload;
+  const int64_t *slots;
+  const uint32_t *gate;
+} kvt_gpu_item;
+typedef struct kvt_gpu_items {
+  uint32_t n, reserved;
+  kvt_gpu_item it[KVT_GPU_BATCH_MAX];
+} kvt_gpu_items;
+KVT_GPU_STATIC_ASSERT(sizeof(kvt_gpu_item) == 24, "kvt_gpu_item layout");
+
 KVT_HD uint64_t kvt_gpu_align(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
 
 KVT_HD int kvt_gpu_layer_raw(const kvt_gpu_kparams *p, uint32_t layer) {
@@ -226,10 +245,30 @@ typedef struct kvt_gpu_sections {
   int check_header;
   uint64_t expect_header;
 } kvt_gpu_sections;
+/* The per-payload part of a batched checksum launch (kvt_gpurt_sections
+ * with items): payload k's table, body (its bytes at body + off), gate and
+ * verdict replace a's; a.first, a.count, lo, hi, major and max_stored are
+ * the same for every payload (one geometry), and a.digests holds n * count
+ * sections' digests. */
+typedef struct kvt_gpu_sec_item {
+  uint8_t *table;
+  const uint8_t *body;
+  uint32_t *gate;
+  uint32_t *verdict;
+} kvt_gpu_sec_item;
+typedef struct kvt_gpu_sec_items {
+  uint32_t n, reserved;
+  kvt_gpu_sec_item it[KVT_GPU_BATCH_MAX];
+} kvt_gpu_sec_items;
+
 /* The mismatch a verify reports when the table read on the device is not
  * the header the host checked (check_header). */
 #define KVT_GPU_BAD_HEADER 0xFFFFFFFEu
 int kvt_gpurt_sections(const kvt_gpu_sections *a, void *stream);
+/* The same for items->n payloads of one geometry in one launch (items NULL:
+ * kvt_gpurt_sections). */
+int kvt_gpurt_sections_batch(const kvt_gpu_sections *a, const kvt_gpu_sec_items *items,
+                             void *stream);
 /* Compares the checksums of sections [first, first+count) with the table;
  * the lowest mismatching section goes to st->bad_section (~0 if none).
  * digests as for kvt_gpurt_seal, for count sections. A section of the device
@@ -245,6 +284,9 @@ uint64_t kvt_gpurt_digest_words(uint32_t count, uint64_t max_stored);
  * copied into the launch. */
 int kvt_gpurt_store(const kvt_gpu_kparams *p, void *stream);
 int kvt_gpurt_load(const kvt_gpu_kparams *p, void *stream);
+/* The load of p's layers for items->n payloads of p's geometry, one launch
+ * (grid.z over the items). */
+int kvt_gpurt_load_batch(const kvt_gpu_kparams *p, const kvt_gpu_items *items, void *stream);
 /* Reads the status word back (after the stream is synchronised). */
 int kvt_gpurt_status(const kvt_gpu_status *dev, kvt_gpu_status *host);
 

@@ -1289,6 +1289,263 @@ static void test_gpu_staged_store_and_loads_verified_on_gpu(void **state) {
   print_message("%d single-bit flips loaded with verdicts, every one refused or harmless\n", flips);
 }
 
+/* ---- batched loads (kvt_gpu_load_batch) ---- */
+
+#define BATCH_N 70 /* more than one launch's KVT_GPU_BATCH_MAX (64) */
+
+/* Every device buffer of e set to bytes of `byte`: the cache before a load. */
+static void engine_fill(engine *e, int byte) {
+  for (int b = 0; b < e->nbuf; b++)
+    for (uint32_t l = 0; l < e->layers; l++)
+      CUDA_OK(cudaMemset(e->dev[b][l], byte, e->elems[b] * 2));
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
+/* Whether layer l of item k's tokens (slots k*tokens + 3 + t) in the
+ * downloaded cache `got` equals `want`'s (a vLLM-layout engine). */
+static int item_layer_equal(const engine *e, const uint16_t *got, const uint16_t *want,
+                            const shape *s, uint32_t k, uint32_t l) {
+  const size_t base = (size_t)l * e->elems[0];
+  for (int kind = 0; kind < 2; kind++)
+    for (uint32_t t = 0; t < s->tokens; t++)
+      for (uint32_t h = 0; h < s->heads; h++) {
+        const size_t i = base + eidx(e, kind, k * s->tokens + 3 + t, h, 0);
+        if (memcmp(got + i, want + i, 2 * (size_t)s->head_dim) != 0)
+          return 0;
+      }
+  return 1;
+}
+
+static int batch_load(kvt_gpu_layout *L, uint8_t *const *pay, const size_t *len,
+                      const int64_t *dslots, const shape *s, kvt_gpu_verdict *v, uint32_t flags,
+                      void *const *events) {
+  kvt_gpu_load_item items[BATCH_N];
+  for (uint32_t k = 0; k < BATCH_N; k++) {
+    const kvt_gpu_load_item it = {pay[k], len[k], dslots + (size_t)k * s->tokens, NULL,
+                                  v ? &v[k] : NULL};
+    items[k] = it;
+  }
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = s->tokens;
+  lp.flags = flags;
+  lp.layer_events = events;
+  const int rc = kvt_gpu_load_batch(L, items, BATCH_N, &lp, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  return rc;
+}
+
+/* kvt_gpu_load_batch writes what a kvt_gpu_load of each payload writes -
+ * verified on the GPU through the default staging and through slots that
+ * hold one layer of 3 payloads (payloads split over pieces), checked on the
+ * host and read in place (zero copy, 64 payloads a launch), trusted with
+ * layer events. A flipped section byte of one payload is that payload's
+ * verdict (KVT_ECHECKSUM, the section named), its failing layer is left
+ * as it was and every other payload loads; checked on the host, the call
+ * fails naming the item and loads nothing. Refused: mixed verdicts, shared
+ * per-payload fields, another geometry, device memory, a foreign key. */
+static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void **state) {
+  (void)state;
+  const shape s = {4, 48, 2, 64};
+  static const char *const specs[] = {"raw", "k16v8", "int4", "fp8"};
+  engine e;
+  engine_make(&e, LAY_VLLM, KVT_DTYPE_BF16, s.layers, BATCH_N * s.tokens + 3, 16, s.heads,
+              s.head_dim);
+  const size_t n_el = (size_t)s.layers * s.tokens * s.heads * s.head_dim;
+  uint16_t *k = malloc(2 * n_el), *vv = malloc(2 * n_el);
+  uint32_t *slots = malloc(4 * s.tokens);
+  int64_t *s64 = malloc(8 * (size_t)BATCH_N * s.tokens), *dslots = NULL;
+  for (uint32_t i = 0; i < BATCH_N; i++) {
+    fill_dense(k, vv, &s, KVT_DTYPE_BF16);
+    for (uint32_t t = 0; t < s.tokens; t++) {
+      slots[t] = i * s.tokens + 3 + t;
+      s64[(size_t)i * s.tokens + t] = slots[t];
+    }
+    scatter(&e, k, vv, &s, slots, 0, s.layers, 0);
+  }
+  CUDA_OK(cudaMalloc((void **)&dslots, 8 * (size_t)BATCH_N * s.tokens));
+  CUDA_OK(cudaMemcpy(dslots, s64, 8 * (size_t)BATCH_N * s.tokens, cudaMemcpyHostToDevice));
+  kvt_gpu_layout *L = NULL;
+  assert_int_equal(kvt_gpu_layout_create(ctx, &e.desc, &L), 0);
+  kvt_gpu_verdict *v = pinned(BATCH_N * sizeof(*v));
+  void *events[MAXL];
+  for (uint32_t l = 0; l < s.layers; l++)
+    CUDA_OK(cudaEventCreateWithFlags((cudaEvent_t *)&events[l], cudaEventDisableTiming));
+  const size_t cap = 4 * n_el + 65536;
+  uint8_t *pay[BATCH_N];
+  size_t len[BATCH_N];
+  for (uint32_t i = 0; i < BATCH_N; i++)
+    pay[i] = pinned(cap);
+  for (size_t c = 0; c < sizeof(specs) / sizeof(specs[0]); c++) {
+    engine_upload(&e);
+    kvt_encode_params ep = KVT_ENCODE_PARAMS_INIT;
+    assert_int_equal(kvt_codec_parse(ctx, specs[c], &ep.spec), 0);
+    kvt_gpu_store_params sp = KVT_GPU_STORE_PARAMS_INIT;
+    sp.encode = &ep;
+    sp.layer_count = s.layers;
+    sp.tokens = s.tokens;
+    for (uint32_t i = 0; i < BATCH_N; i++) {
+      memset(ep.key.bytes, (int)i, 16);
+      sp.slots = dslots + (size_t)i * s.tokens;
+      assert_int_equal(kvt_gpu_store(L, &sp, pay[i], cap, &len[i], stream), 0);
+    }
+    /* Slots of one layer of 3 payloads. */
+    kvt_section_info s0, s2;
+    assert_int_equal(kvt_payload_section(ctx, pay[0], len[0], 0, &s0), 0);
+    assert_int_equal(kvt_payload_section(ctx, pay[0], len[0], 2, &s2), 0);
+    kvt_gpu_layout_desc d = e.desc;
+    d.staging_bytes = 3 * 3 * ((s2.offset - s0.offset + 255) / 256 * 256);
+    kvt_gpu_layout *Ls = NULL;
+    assert_int_equal(kvt_gpu_layout_create(ctx, &d, &Ls), 0);
+
+    engine_fill(&e, 0xFF);
+    uint16_t *bg = engine_download(&e);
+    for (uint32_t i = 0; i < BATCH_N; i++) {
+      kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+      lp.tokens = s.tokens;
+      lp.slots = dslots + (size_t)i * s.tokens;
+      assert_int_equal(kvt_gpu_load(L, pay[i], len[i], &lp, stream), 0);
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    uint16_t *want = engine_download(&e);
+    assert_true(memcmp(want, bg, engine_bytes(&e)) != 0);
+
+    for (int m = 0; m < 4; m++) {
+      static const char *const modes[] = {"verified on the GPU", "verified, 3 a slot",
+                                          "host-checked zero copy", "trusted, layer events"};
+      engine_fill(&e, 0xFF);
+      memset(v, 0xAB, BATCH_N * sizeof(*v));
+      const uint32_t flags[] = {0, 0, KVT_GPU_LOAD_ZERO_COPY,
+                                KVT_GPU_LOAD_TRUST_HOST | KVT_GPU_LOAD_STAGED};
+      const int rc = batch_load(m % 2 ? Ls : L, pay, len, dslots, &s, m < 2 ? v : NULL,
+                                flags[m], m == 3 ? events : NULL);
+      if (rc)
+        fail_msg("%s, %s: %s %s", specs[c], modes[m], kvt_err_name(rc), kvt_ctx_last_error(ctx));
+      for (uint32_t i = 0; i < BATCH_N && m < 2; i++) {
+        const int vrc = kvt_gpu_verdict_check(m % 2 ? Ls : L, &v[i]);
+        if (vrc)
+          fail_msg("%s, %s: item %u verdict %s", specs[c], modes[m], i, kvt_err_name(vrc));
+      }
+      for (uint32_t l = 0; l < s.layers && m == 3; l++)
+        CUDA_OK(cudaEventQuery((cudaEvent_t)events[l]));
+      uint16_t *got = engine_download(&e);
+      if (memcmp(got, want, engine_bytes(&e)) != 0)
+        fail_msg("%s, %s: the cache differs from single loads'", specs[c], modes[m]);
+      free(got);
+    }
+
+    /* Flipped section bytes: a miss for that payload only. */
+    for (int trial = 0; trial < 12; trial++) {
+      const uint32_t j = rnd() % BATCH_N;
+      kvt_payload_info info;
+      assert_int_equal(kvt_payload_parse(ctx, pay[j], len[j], &info), 0);
+      const uint32_t sec = rnd() % info.sections;
+      kvt_section_info si;
+      assert_int_equal(kvt_payload_section(ctx, pay[j], len[j], sec, &si), 0);
+      const size_t at = si.offset + rnd() % si.stored_size;
+      const uint8_t bit = (uint8_t)(1u << (rnd() % 8));
+      pay[j][at] ^= bit;
+      engine_fill(&e, 0xFF);
+      int rc = batch_load(Ls, pay, len, dslots, &s, v, 0, NULL);
+      if (rc)
+        fail_msg("%s: flip in item %u: the call failed: %s", specs[c], j, kvt_err_name(rc));
+      for (uint32_t i = 0; i < BATCH_N; i++) {
+        const int vrc = kvt_gpu_verdict_check(Ls, &v[i]);
+        if (i == j && (vrc != KVT_ECHECKSUM || v[i].bad_section != sec))
+          fail_msg("%s: flip in item %u section %u: verdict %s, bad section %u", specs[c], j,
+                   sec, kvt_err_name(vrc), v[i].bad_section);
+        if (i != j && vrc)
+          fail_msg("%s: flip in item %u: item %u's verdict %s", specs[c], j, i,
+                   kvt_err_name(vrc));
+      }
+      uint16_t *got = engine_download(&e);
+      for (uint32_t i = 0; i < BATCH_N; i++)
+        for (uint32_t l = 0; l < s.layers; l++) {
+          const int skipped = i == j && l == sec / 2;
+          if (!item_layer_equal(&e, got, skipped ? bg : want, &s, i, l))
+            fail_msg("%s: flip in item %u section %u: item %u layer %u is not %s", specs[c], j,
+                     sec, i, l, skipped ? "untouched" : "loaded");
+        }
+      free(got);
+      /* Checked on the host: the call fails, names the item, loads nothing. */
+      engine_fill(&e, 0xFF);
+      rc = batch_load(L, pay, len, dslots, &s, NULL, 0, NULL);
+      char want_item[32];
+      snprintf(want_item, sizeof(want_item), "item %u:", j);
+      if (rc != KVT_ECHECKSUM || !strstr(kvt_ctx_last_error(ctx), want_item))
+        fail_msg("%s: host-checked flip in item %u: %s %s", specs[c], j, kvt_err_name(rc),
+                 kvt_ctx_last_error(ctx));
+      got = engine_download(&e);
+      assert_memory_equal(got, bg, engine_bytes(&e));
+      free(got);
+      pay[j][at] ^= bit;
+    }
+    free(bg);
+    free(want);
+    kvt_gpu_layout_destroy(Ls);
+  }
+
+  /* Refusals, nothing launched. */
+  kvt_gpu_load_item items[3];
+  for (uint32_t i = 0; i < 3; i++) {
+    const kvt_gpu_load_item it = {pay[i], len[i], dslots + (size_t)i * s.tokens, NULL, &v[i]};
+    items[i] = it;
+  }
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = s.tokens;
+  items[1].verdict = NULL;
+  assert_int_equal(kvt_gpu_load_batch(L, items, 3, &lp, stream), -EINVAL);
+  items[1].verdict = &v[1];
+  lp.slots = dslots;
+  assert_int_equal(kvt_gpu_load_batch(L, items, 3, &lp, stream), -EINVAL);
+  lp.slots = NULL;
+  kvt_key other;
+  memset(other.bytes, 0x77, 16);
+  items[2].expect_key = &other;
+  assert_int_equal(kvt_gpu_load_batch(L, items, 3, &lp, stream), KVT_EFOREIGN);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "item 2:"));
+  items[2].expect_key = NULL;
+  /* Another geometry: one layer fewer (stored from the cache's values:
+   * the flip trials left it filled with NaNs). */
+  engine_upload(&e);
+  kvt_encode_params ep = KVT_ENCODE_PARAMS_INIT;
+  assert_int_equal(kvt_codec_parse(ctx, "fp8", &ep.spec), 0);
+  kvt_gpu_store_params sp = KVT_GPU_STORE_PARAMS_INIT;
+  sp.encode = &ep;
+  sp.layer_count = s.layers - 1;
+  sp.tokens = s.tokens;
+  sp.slots = dslots;
+  uint8_t *short_pay = pinned(cap);
+  size_t short_len = 0;
+  assert_int_equal(kvt_gpu_store(L, &sp, short_pay, cap, &short_len, stream), 0);
+  items[1].payload = short_pay;
+  items[1].len = short_len;
+  assert_int_equal(kvt_gpu_load_batch(L, items, 3, &lp, stream), KVT_ESHAPE);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "item 1:"));
+  /* Device memory. */
+  uint8_t *dpay = NULL;
+  CUDA_OK(cudaMalloc((void **)&dpay, len[0]));
+  CUDA_OK(cudaMemcpy(dpay, pay[0], len[0], cudaMemcpyHostToDevice));
+  items[1].payload = dpay;
+  items[1].len = len[0];
+  assert_int_equal(kvt_gpu_load_batch(L, items, 3, &lp, stream), KVT_ENOTSUP);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "item 1:"));
+  cudaFree(dpay);
+  cudaFreeHost(short_pay);
+
+  for (uint32_t l = 0; l < s.layers; l++)
+    cudaEventDestroy((cudaEvent_t)events[l]);
+  for (uint32_t i = 0; i < BATCH_N; i++)
+    cudaFreeHost(pay[i]);
+  cudaFreeHost(v);
+  cudaFree(dslots);
+  kvt_gpu_layout_destroy(L);
+  engine_free(&e);
+  free(k);
+  free(vv);
+  free(slots);
+  free(s64);
+}
+
 static uint8_t *read_pinned(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   assert_non_null(f);
@@ -1450,6 +1707,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_device_payload_bit_flips_are_caught),
       cmocka_unit_test(test_gpu_device_payload_large_section_and_foreign_table),
       cmocka_unit_test(test_gpu_staged_store_and_loads_verified_on_gpu),
+      cmocka_unit_test(test_gpu_batched_loads_equal_single_loads_and_fail_per_payload),
       cmocka_unit_test(test_gpu_load_from_memory_tier_loans_in_place),
       cmocka_unit_test(test_gpu_load_refuses_other_shapes_and_lossless_sections),
       cmocka_unit_test(test_gpu_store_refuses_nonfinite_and_out_of_range),
@@ -1479,6 +1737,7 @@ static void test_gpu_calls_return_enotsup_without_cuda(void **state) {
   assert_non_null(strstr(kvt_ctx_last_error(c), "without CUDA"));
   kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
   assert_int_equal(kvt_gpu_load(NULL, "x", 1, &lp, NULL), KVT_ENOTSUP);
+  assert_int_equal(kvt_gpu_load_batch(NULL, NULL, 0, &lp, NULL), KVT_ENOTSUP);
   size_t len;
   assert_int_equal(kvt_gpu_store(NULL, NULL, NULL, 0, &len, NULL), KVT_ENOTSUP);
   int kind;

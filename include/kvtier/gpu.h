@@ -376,6 +376,47 @@ typedef struct kvt_gpu_load_params {
 KVT_API int kvt_gpu_load(kvt_gpu_layout *layout, const void *payload, size_t len,
                          const kvt_gpu_load_params *p, void *stream);
 
+/* One payload of a batched load (kvt_gpu_load_batch). */
+typedef struct kvt_gpu_load_item {
+  const void *payload;       /* pinned host memory mapped into the device */
+  size_t len;
+  const int64_t *slots;      /* device array [tokens], as kvt_gpu_load_params.slots */
+  const kvt_key *expect_key; /* NULL, or the key the payload must carry */
+  kvt_gpu_verdict *verdict;  /* NULL, or its verdict: as kvt_gpu_load_params.verdict */
+} kvt_gpu_load_item;
+
+/* Added in 0.3.3. Loads the same layers of n payloads of one geometry -
+ * the same spec, dtype, layers (layer_begin and count), tokens and format,
+ * typically the chunks of a request or of several - into the layout's
+ * slots, with kernels that each load a layer range of up to 64 payloads
+ * (one launch where kvt_gpu_load makes n), so that layer-sized transfers
+ * (a 256-token chunk's layer is 1 MiB of bf16) move at the copy engine's
+ * speed. p gives what the payloads share: expect_fingerprint, layer_first,
+ * layer_count, tokens, flags and layer_events; its expect_key, slots,
+ * header and verdict must be NULL (they are per payload, in items).
+ * layer_events[i] is recorded once layer layer_first + i of every payload
+ * is loaded: an engine computing layer by layer waits for one event per
+ * layer whatever n is.
+ *
+ * Payloads must be in pinned host memory (KVT_ENOTSUP for device memory:
+ * load those with kvt_gpu_load). Each is checked before anything is
+ * launched as kvt_gpu_load checks it (header, expectations, shape, and -
+ * without verdicts and without KVT_GPU_LOAD_TRUST_HOST - every loaded
+ * section's checksum on the host); a payload that fails fails the call,
+ * with nothing launched and the detail naming it ("item k: ..."): drop it
+ * and call again. Staging, when the handle has staging memory: layer
+ * ranges of several payloads share a staging slot (one copy per payload
+ * and piece). Verdicts: every item has one or none does (-EINVAL); with
+ * them, the section checksums of format 2 payloads are verified on the GPU
+ * as for kvt_gpu_load, each payload on its own - a payload that fails is
+ * not loaded in the failing piece's layers and its verdict says so, while
+ * the others load - and read with kvt_gpu_verdict_check. (Format 1
+ * payloads are checked on the host, their verdicts done on return.)
+ * Returns once launched: 0, -EINVAL, or kvt_gpu_load's errors for the
+ * first payload that fails (nothing launched), KVT_ECUDA. */
+KVT_API int kvt_gpu_load_batch(kvt_gpu_layout *layout, const kvt_gpu_load_item *items,
+                               uint32_t n, const kvt_gpu_load_params *p, void *stream);
+
 /* The verdict of a load verified on the GPU, once its stream has passed it
  * (cudaStreamSynchronize, or an event recorded after the load). Returns 0
  * (every checked section matched), KVT_ECHECKSUM (a section did not: the

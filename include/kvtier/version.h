@@ -4,7 +4,7 @@
 
 #define KVT_VERSION_MAJOR 0
 #define KVT_VERSION_MINOR 3
-#define KVT_VERSION_PATCH 2
+#define KVT_VERSION_PATCH 3
 /* One number that orders releases: major*10000 + minor*100 + patch. */
 #define KVT_VERSION_NUMBER \
   (KVT_VERSION_MAJOR * 10000 + KVT_VERSION_MINOR * 100 + KVT_VERSION_PATCH)

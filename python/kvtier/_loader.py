@@ -34,7 +34,7 @@ from typing import Any
 
 from . import _structs as S
 
-VERSION = (0, 3, 2)  # the package's version; major.minor must match the library's
+VERSION = (0, 3, 3)  # the package's version; major.minor must match the library's
 SONAME = f"libkvtier.so.{VERSION[0]}.{VERSION[1]}"
 BUNDLED = Path(__file__).resolve().parent / "_lib" / SONAME
 

@@ -20,7 +20,7 @@ INCLUDE = Path(os.environ.get("KVTIER_INCLUDE", REPO / "include"))
 
 
 def test_library_version_matches_the_package() -> None:
-    assert kvtier.__version__ == "0.3.2"
+    assert kvtier.__version__ == "0.3.3"
     assert kvtier.library_version.split(".")[:2] == kvtier.__version__.split(".")[:2]
     assert Path(kvtier.library_path).name.startswith("libkvtier.so") or \
         kvtier.library_path.startswith("libkvtier.so")

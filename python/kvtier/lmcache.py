@@ -304,7 +304,8 @@ class KvtierStoragePlugin(StoragePluginInterface):
         data = np.frombuffer(obj.byte_array, np.uint8)
         tokens = _raw_tokens(data.size)
         src = np.zeros(tokens * _RAW_ROW, np.uint8)  # the descriptor, the bytes, zeros
-        desc = Descriptor(meta.fmt.name, str(meta.dtype).replace("torch.", ""),
+        dtype = "" if meta.dtype is None else str(meta.dtype).replace("torch.", "")
+        desc = Descriptor(meta.fmt.name, dtype,
                           tuple(int(x) for x in meta.shape), int(data.size))
         src[:_DESC_LEN] = np.frombuffer(desc.pack(), np.uint8)
         src[_DESC_LEN:_DESC_LEN + data.size] = data
@@ -399,7 +400,7 @@ class KvtierStoragePlugin(StoragePluginInterface):
                         f" heads of {info.head_dim}; the model has {g}")
         dtype = torch.bfloat16 if info.dtype == "bf16" else torch.float16
         shape = torch.Size([2, info.layers, info.tokens, info.heads * info.head_dim])
-        obj = self.local_cpu_backend.allocate(shape, dtype, MemoryFormat.KV_2LTD)
+        obj = self._allocate(shape, dtype, MemoryFormat.KV_2LTD)
         if obj is None:
             log.warning("kvtier.lmcache: LMCache's allocator has no room for %s", tuple(shape))
             return None
@@ -412,6 +413,15 @@ class KvtierStoragePlugin(StoragePluginInterface):
             raise
         return obj
 
+    def _allocate(self, shape: Any, dtype: Any, fmt: Any) -> Optional[MemoryObj]:
+        """An object from LMCache's allocator, or None (full, or a format
+        it does not allocate, such as BINARY in 0.5.6)."""
+        try:
+            return self.local_cpu_backend.allocate(shape, dtype, fmt)
+        except ValueError as e:
+            log.warning("kvtier.lmcache: LMCache cannot allocate %s %s: %s", fmt, tuple(shape), e)
+            return None
+
     def _decode_raw(self, kk: Key, payload: np.ndarray) -> Optional[MemoryObj]:
         info = inspect(payload)
         if (info.layers, info.heads, info.head_dim, info.dtype) != (1, 1, 64, "fp16"):
@@ -420,12 +430,12 @@ class KvtierStoragePlugin(StoragePluginInterface):
         tk, tv = _raw_views(dst.ctypes.data, info.tokens, dst)
         decode(payload, tk, tv, expect_key=kk, expect_fingerprint=self.fingerprint)
         d = Descriptor.unpack(dst[:_DESC_LEN].tobytes())
-        dtype = getattr(torch, d.dtype, None)
+        dtype = getattr(torch, d.dtype, None) if d.dtype else None  # BINARY_BUFFER: none
         fmt = MemoryFormat.__members__.get(d.fmt)
-        if (not isinstance(dtype, torch.dtype) or fmt is None
+        if ((d.dtype and not isinstance(dtype, torch.dtype)) or fmt is None
                 or _DESC_LEN + d.nbytes > dst.size or _raw_tokens(d.nbytes) != info.tokens):
             raise Error(ErrorCode.ECORRUPT, detail=f"kvtier.lmcache: bad descriptor {d}")
-        obj = self.local_cpu_backend.allocate(torch.Size(d.shape), dtype, fmt)
+        obj = self._allocate(torch.Size(d.shape), dtype, fmt)
         if obj is None:
             log.warning("kvtier.lmcache: LMCache's allocator has no room for %s", d)
             return None

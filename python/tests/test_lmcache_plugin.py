@@ -1,0 +1,283 @@
+"""kvtier.lmcache against LMCache 0.5.6's own classes on CPU: the plug-in is
+built by LMCache's storage_plugin_launcher from an LMCacheEngineConfig read
+from a YAML file (or a dict), with LMCache's LocalCPUBackend as the allocator
+of the objects it returns, as CreateStorageBackends does in a worker."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+pytest.importorskip(
+    "lmcache.v1.storage_backend",
+    reason="LMCache is not installed in this Python; './bootstrap.sh lmcache' makes "
+    "${KVT_LMCACHE_VENV:-~/.cache/kvtier/venv-lmcache} with LMCache 0.5.6 and runs these tests "
+    "(ctest's test_lmcache runs them with that venv)")
+
+import torch  # noqa: E402
+from lmcache.utils import CacheEngineKey  # noqa: E402
+from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
+from lmcache.v1.memory_management import MemoryFormat  # noqa: E402
+from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
+from lmcache.v1.storage_backend import storage_plugin_launcher  # noqa: E402
+from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend  # noqa: E402
+
+import kvtier  # noqa: E402
+from kvtier.lmcache import KvtierStoragePlugin, Refused  # noqa: E402
+
+LAYERS, HEADS, DIM, CHUNK = 3, 2, 32, 16
+MODEL = "test/llama-tiny"
+
+
+def engine_config(tiers: str, codec: str = "raw", **more: Any) -> Dict[str, Any]:
+    extra = {"storage_plugin.kvtier.module_path": "kvtier.lmcache",
+             "storage_plugin.kvtier.class_name": "KvtierStoragePlugin",
+             "storage_plugin.kvtier.tiers": tiers, "storage_plugin.kvtier.codec": codec}
+    extra.update({f"storage_plugin.kvtier.{k}": v for k, v in more.items()})
+    return {"chunk_size": CHUNK, "local_cpu": False, "max_local_cpu_size": 0.05,
+            "storage_plugins": ["kvtier"], "extra_config": extra}
+
+
+def metadata(dtype: Any = torch.bfloat16, worker: int = 0, world: int = 1,
+             mla: bool = False) -> LMCacheMetadata:
+    shape = (LAYERS, 1, CHUNK, 1, DIM) if mla else (LAYERS, 2, CHUNK, HEADS, DIM)
+    return LMCacheMetadata(model_name=MODEL, world_size=world, local_world_size=world,
+                           worker_id=worker, local_worker_id=worker, kv_dtype=dtype,
+                           kv_shape=shape, use_mla=mla, chunk_size=CHUNK)
+
+
+def launch(config: Any, md: LMCacheMetadata) -> KvtierStoragePlugin:
+    """The plug-in as LMCache's CreateStorageBackends makes it in a worker."""
+    cpu = LocalCPUBackend(config, md, dst_device="cpu")
+    backends: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+    storage_plugin_launcher(config, md, asyncio.new_event_loop(), cpu, "cpu", backends)
+    assert "kvtier" in backends, "LMCache's launcher did not build the plug-in (see its log)"
+    plugin = backends["kvtier"]
+    assert isinstance(plugin, KvtierStoragePlugin) and plugin.local_cpu_backend is cpu
+    return plugin
+
+
+def open_plugin(tiers: str, codec: str = "raw", md: Optional[LMCacheMetadata] = None,
+                **more: Any) -> KvtierStoragePlugin:
+    cfg = LMCacheEngineConfig.from_dict(engine_config(tiers, codec, **more))
+    return launch(cfg, md or metadata())
+
+
+def key(i: int, dtype: Any = torch.bfloat16, worker: int = 0, world: int = 1) -> CacheEngineKey:
+    return CacheEngineKey(MODEL, world, worker, 0x9E3779B97F4A7C15 * (i + 1) % 2**64, dtype)
+
+
+def chunk(plugin: KvtierStoragePlugin, seed: int, tokens: int = CHUNK,
+          dtype: Any = torch.bfloat16) -> Any:
+    """A KV_2LTD chunk from LMCache's allocator, filled with random values."""
+    shape = torch.Size([2, LAYERS, tokens, HEADS * DIM])
+    obj = plugin.local_cpu_backend.allocate(shape, dtype, MemoryFormat.KV_2LTD)
+    g = torch.Generator().manual_seed(seed)
+    obj.tensor.copy_(torch.randn(shape, generator=g).to(dtype))
+    return obj
+
+
+def put(plugin: KvtierStoragePlugin, keys: List[CacheEngineKey], objs: List[Any]) -> None:
+    futures = plugin.batched_submit_put_task(keys, objs)
+    assert all(f.result() for f in futures)
+
+
+def test_lmcache_launcher_builds_the_plugin_from_a_yaml_file(tmp_path: Path) -> None:
+    (tmp_path / "lmcache.yaml").write_text(
+        "chunk_size: 16\nlocal_cpu: false\nmax_local_cpu_size: 0.05\n"
+        'storage_plugins: ["kvtier"]\nextra_config:\n'
+        "  storage_plugin.kvtier.module_path: kvtier.lmcache\n"
+        "  storage_plugin.kvtier.class_name: KvtierStoragePlugin\n"
+        f'  storage_plugin.kvtier.tiers: "nvme:{tmp_path}/kv/w{{worker}}:64MiB"\n'
+        "  storage_plugin.kvtier.codec: k16v8\n")
+    cfg = LMCacheEngineConfig.from_file(str(tmp_path / "lmcache.yaml"))
+    plugin = launch(cfg, metadata())
+    assert plugin.tiers == f"nvme:{tmp_path}/kv/w0:64MiB"
+    assert plugin.options.codec == "k16v8"
+    assert plugin.get_allocator_backend() is plugin.local_cpu_backend
+    plugin.close()
+
+
+@pytest.mark.parametrize("codec", ["raw", "k16v8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kv_chunks_round_trip_through_the_codec(tmp_path: Path, codec: str, dtype: Any) -> None:
+    plugin = open_plugin(f"nvme:{tmp_path}:64MiB", codec, metadata(dtype))
+    keys = [key(i, dtype) for i in range(3)]
+    objs = [chunk(plugin, i, dtype=dtype) for i in range(2)] + [chunk(plugin, 2, 5, dtype)]
+    put(plugin, keys, objs)
+    for k in keys:  # encoded by the codec: the payload names the model's heads
+        held = plugin._held(k)
+        assert held is not None and held[1] is False
+        info = kvtier.inspect(plugin.cache.get(held[0]))
+        assert (info.layers, info.heads, info.head_dim) == (LAYERS, HEADS, DIM)
+        assert str(info.codec) == str(kvtier.CodecSpec(codec))
+    got = plugin.batched_get_blocking(keys)
+    for obj, back in zip(objs, got):
+        assert back is not None and back.metadata.fmt == MemoryFormat.KV_2LTD
+        assert back.metadata.shape == obj.metadata.shape and back.metadata.dtype == dtype
+        a, b = obj.tensor.float(), back.tensor.float()
+        assert torch.equal(a[0], b[0])  # K is 16-bit in both presets
+        if codec == "raw":
+            assert torch.equal(a[1], b[1])
+        else:  # V in e4m3 with a scale: close, not equal
+            assert not torch.equal(a[1], b[1])
+            assert torch.allclose(a[1], b[1], atol=0.3 * a[1].abs().max().item())
+    plugin.close()
+
+
+def binary(plugin: KvtierStoragePlugin, n: int, seed: int) -> Any:
+    """Serialized bytes (BINARY_BUFFER: the binary format LMCache 0.5.6's
+    allocator makes; it refuses BINARY) from LMCache's allocator."""
+    obj = plugin.local_cpu_backend.allocate(torch.Size([n]), None, MemoryFormat.BINARY_BUFFER)
+    g = torch.Generator().manual_seed(seed)
+    obj.byte_array[:] = bytes(torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8).numpy())
+    return obj
+
+
+def test_binary_objects_are_stored_byte_exact_and_verified(tmp_path: Path) -> None:
+    plugin = open_plugin(f"nvme:{tmp_path}:64MiB", "k16v8")
+    obj = binary(plugin, 1001, 7)
+    put(plugin, [key(7)], [obj])
+    held = plugin._held(key(7))
+    assert held is not None and held[1] is True
+    assert str(kvtier.inspect(plugin.cache.get(held[0])).codec) == "raw"
+    back = plugin.get_blocking(key(7))
+    assert back is not None and back.metadata.fmt == MemoryFormat.BINARY_BUFFER
+    assert back.get_size() == 1001 and bytes(back.byte_array) == bytes(obj.byte_array)
+    plugin.close()
+
+
+def test_chunks_the_codec_cannot_name_go_the_raw_path(tmp_path: Path) -> None:
+    """An fp32 cache and an MLA chunk: their bytes come back unchanged."""
+    plugin = open_plugin(f"nvme:{tmp_path}/a:64MiB", "k16v8", metadata(torch.float32))
+    obj = chunk(plugin, 3, dtype=torch.float32)
+    put(plugin, [key(1, torch.float32)], [obj])
+    assert plugin._held(key(1, torch.float32))[1] is True
+    back = plugin.get_blocking(key(1, torch.float32))
+    assert back is not None and torch.equal(back.tensor, obj.tensor)
+    plugin.close()
+    plugin = open_plugin(f"nvme:{tmp_path}/b:64MiB", "k16v8", metadata(mla=True))
+    shape = torch.Size([1, LAYERS, CHUNK, DIM])
+    obj = plugin.local_cpu_backend.allocate(shape, torch.bfloat16, MemoryFormat.KV_MLA_FMT)
+    obj.tensor.copy_(torch.randn(shape).to(torch.bfloat16))
+    put(plugin, [key(2)], [obj])
+    back = plugin.get_blocking(key(2))
+    assert back is not None and back.metadata.fmt == MemoryFormat.KV_MLA_FMT
+    assert torch.equal(back.tensor, obj.tensor)
+    plugin.close()
+
+
+def test_contains_remove_and_pins(tmp_path: Path) -> None:
+    plugin = open_plugin("dram:64MiB")
+    k = key(1)
+    assert not plugin.contains(k) and plugin.get_blocking(k) is None and not plugin.pin(k)
+    put(plugin, [k], [chunk(plugin, 1)])
+    assert plugin.contains(k) and plugin.batched_contains([k, key(2)]) == 1
+    assert asyncio.run(plugin.batched_async_contains("r", [k, key(2)])) == 1
+    assert plugin.contains(k, pin=True)
+    assert not plugin.remove(k, force=False)  # pinned
+    assert plugin.contains(k)
+    assert plugin.unpin(k) and not plugin.unpin(k)
+    assert plugin.remove(k, force=False)
+    assert not plugin.contains(k) and plugin.get_blocking(k) is None
+    assert not plugin.remove(k)
+    put(plugin, [k], [chunk(plugin, 1)])
+    assert plugin.pin(k) and plugin.remove(k, force=True) and not plugin.contains(k)
+    plugin.close()
+
+
+def test_a_put_of_a_held_key_is_skipped(tmp_path: Path) -> None:
+    plugin = open_plugin("dram:64MiB")
+    obj = chunk(plugin, 1)
+    put(plugin, [key(1)], [obj])
+    refs = obj.get_ref_count()
+    assert plugin.batched_submit_put_task([key(1)], [obj]) == []
+    assert obj.get_ref_count() == refs and not plugin.exists_in_put_tasks(key(1))
+    plugin.close()
+
+
+def test_a_chunk_flipped_on_disk_is_a_miss_and_deleted(tmp_path: Path) -> None:
+    plugin = open_plugin(f"nvme:{tmp_path}:64MiB", "k16v8")
+    keys = [key(i) for i in range(3)]
+    put(plugin, keys, [chunk(plugin, i) for i in range(3)])
+    victim = plugin.kv_key(keys[1], raw=False).hex()
+    path = next(p for p in tmp_path.rglob(f"*{victim}*"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    got = plugin.batched_get_blocking(keys)
+    assert [o is not None for o in got] == [True, False, True]
+    assert not plugin.contains(keys[1])  # deleted: the recomputed chunk is stored again
+    plugin.close()
+
+
+@pytest.mark.parametrize("raw_path", [False, True])
+def test_a_payload_failing_its_checksum_is_a_miss_and_deleted(tmp_path: Path,
+                                                               raw_path: bool) -> None:
+    """Served by a tier that does not hash what it holds (DRAM), a payload
+    whose section checksum fails is a miss on both paths, and deleted."""
+    plugin = open_plugin("dram:64MiB", "int8")
+    if raw_path:
+        obj = binary(plugin, 600, 1)
+    else:
+        obj = chunk(plugin, 1)
+    put(plugin, [key(1)], [obj])
+    kk = plugin.kv_key(key(1), raw=raw_path)
+    payload = bytearray(plugin.cache.get(kk))
+    sec = kvtier.sections(bytes(payload))[-1]
+    payload[sec.offset + sec.stored_size // 3] ^= 0x01
+    plugin.cache.delete(kk)
+    plugin.cache.put(kk, bytes(payload))  # the header is fine: the cache takes it
+    assert plugin.contains(key(1))
+    assert plugin.get_blocking(key(1)) is None
+    assert not plugin.contains(key(1))
+    put(plugin, [key(1)], [obj])  # stored again
+    assert plugin.get_blocking(key(1)) is not None
+    plugin.close()
+
+
+def test_workers_keep_their_own_payloads(tmp_path: Path) -> None:
+    tiers = f"nvme:{tmp_path}/w{{worker}}:64MiB"
+    plugins = [open_plugin(tiers, md=metadata(worker=w, world=2)) for w in range(2)]
+    assert (tmp_path / "w0").is_dir() and (tmp_path / "w1").is_dir()
+    objs = [chunk(p, w) for w, p in enumerate(plugins)]
+    for w, p in enumerate(plugins):
+        put(p, [key(1, worker=w, world=2)], [objs[w]])
+    assert plugins[0].kv_key(key(1, worker=0, world=2), False) != \
+        plugins[1].kv_key(key(1, worker=1, world=2), False)
+    for w, p in enumerate(plugins):
+        assert torch.equal(p.get_blocking(key(1, worker=w, world=2)).tensor, objs[w].tensor)
+        p.close()
+
+
+def test_chunks_survive_a_restart_on_nvme(tmp_path: Path) -> None:
+    plugin = open_plugin(f"nvme:{tmp_path}:64MiB", "k16v8")
+    obj = chunk(plugin, 5)
+    put(plugin, [key(5)], [obj])
+    plugin.close()
+    plugin = open_plugin(f"nvme:{tmp_path}:64MiB", "k16v8")
+    back = plugin.get_blocking(key(5))
+    assert back is not None and torch.equal(back.tensor[0], obj.tensor[0])
+    plugin.close()
+
+
+def test_what_the_plugin_refuses(tmp_path: Path) -> None:
+    md = metadata(world=2)
+    cfg = LMCacheEngineConfig.from_dict(engine_config(f"nvme:{tmp_path}:64MiB"))
+    cpu = LocalCPUBackend(cfg, md, dst_device="cpu")
+    with pytest.raises(Refused, match="worker"):  # two workers, one directory
+        KvtierStoragePlugin(config=cfg, metadata=md, local_cpu_backend=cpu, dst_device="cpu")
+    cfg = LMCacheEngineConfig.from_dict(engine_config(""))
+    with pytest.raises(Refused, match="no tiers"):
+        KvtierStoragePlugin(config=cfg, metadata=metadata(), local_cpu_backend=cpu)
+    cfg = LMCacheEngineConfig.from_dict(engine_config("dram:1MiB", "nope"))
+    with pytest.raises(kvtier.Error):
+        KvtierStoragePlugin(config=cfg, metadata=metadata(), local_cpu_backend=cpu)
+    # LMCache's launcher logs a plug-in that fails and goes on without it.
+    backends: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+    storage_plugin_launcher(cfg, metadata(), asyncio.new_event_loop(), cpu, "cpu", backends)
+    assert "kvtier" not in backends

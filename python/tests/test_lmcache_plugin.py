@@ -6,6 +6,7 @@ of the objects it returns, as CreateStorageBackends does in a worker."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import collections
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -281,3 +282,35 @@ def test_what_the_plugin_refuses(tmp_path: Path) -> None:
     backends: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
     storage_plugin_launcher(cfg, metadata(), asyncio.new_event_loop(), cpu, "cpu", backends)
     assert "kvtier" not in backends
+
+
+def test_lmcaches_storage_manager_puts_and_gets_through_the_plugin(tmp_path: Path) -> None:
+    """LMCache's StorageManager (the engine's view of its backends) builds the
+    plug-in itself, copies chunks into the plug-in's allocator, hands them
+    over and drops its references (batched_put), then finds and reads them."""
+    from lmcache.v1.event_manager import EventManager
+    from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+    cfg = LMCacheEngineConfig.from_dict(engine_config(f"nvme:{tmp_path}:64MiB", "k16v8"))
+    sm = StorageManager(cfg, metadata(), EventManager())
+    try:
+        plugin = sm.storage_backends["kvtier"]
+        assert isinstance(plugin, KvtierStoragePlugin)
+        keys = [key(i) for i in range(3)]
+        objs = [chunk(plugin, i) for i in range(3)]
+        want = [o.tensor.clone() for o in objs]
+        sm.batched_put(keys, objs)
+        for k in keys:  # the puts run on the plug-in's threads
+            for _ in range(1000):
+                if not plugin.exists_in_put_tasks(k):
+                    break
+                threading.Event().wait(0.01)
+        assert [sm.contains(k) for k in keys] == ["kvtier"] * 3
+        got = sm.batched_get(keys, location="kvtier")  # as the engine reads a lookup's hits
+        for w, back in zip(want, got):
+            assert back is not None and torch.equal(back.tensor[0], w[0])
+        assert sm.contains(key(9)) is None
+        sm.remove(keys[0])
+        assert sm.contains(keys[0]) is None and sm.get(keys[0]) is None
+    finally:
+        sm.close()

@@ -17,7 +17,9 @@ With --drop-caches (root), the page cache is synced and dropped before each
 write and read pass, so reads come from the disk. LocalDiskBackend writes
 through the page cache without fsync; kvtier's nvme tier writes with O_DIRECT
 and fdatasync per payload: "durable" adds an os.sync() after LocalDiskBackend's
-writes, its time to the same guarantee.
+writes, its time to the same guarantee. --kvtier-dram SIZE puts a kvtier DRAM
+tier above the nvme one (write-through), kvtier's counterpart of the page
+cache LocalDiskBackend reads from when caches are not dropped.
 
 Run in the venv of `./bootstrap.sh lmcache`, e.g.
   KVTIER_LIBRARY=build/libkvtier.so.0.3 PYTHONPATH=python \\
@@ -130,6 +132,7 @@ def main() -> None:
     ap.add_argument("--codecs", default="raw,k16v8")
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--drop-caches", action="store_true")
+    ap.add_argument("--kvtier-dram", default="", help="a DRAM tier above nvme, e.g. 4GiB")
     ap.add_argument("--json", help="write the results here too")
     a = ap.parse_args()
     base = Path(a.dir)
@@ -142,6 +145,7 @@ def main() -> None:
     disk_gb = chunk_gb * a.chunks * 1.2 + 0.1
     results = []
     keys = keys_of(a.chunks)
+    dram = f"dram:{a.kvtier_dram};" if a.kvtier_dram else ""
     for name in ["LocalDiskBackend"] + [f"kvtier {c}" for c in a.codecs.split(",")]:
         where = base / name.replace(" ", "-")
         shutil.rmtree(where, ignore_errors=True)
@@ -153,7 +157,7 @@ def main() -> None:
             "extra_config": {"disk_io_threads": a.threads,
                              "storage_plugin.kvtier.module_path": "kvtier.lmcache",
                              "storage_plugin.kvtier.class_name": "KvtierStoragePlugin",
-                             "storage_plugin.kvtier.tiers": f"nvme:{where}/kv:{int(disk_gb * 1024)}MiB",
+                             "storage_plugin.kvtier.tiers": dram + f"nvme:{where}/kv:{int(disk_gb * 1024)}MiB",
                              "storage_plugin.kvtier.codec": codec,
                              "storage_plugin.kvtier.threads": a.threads}})
         cpu = LocalCPUBackend(cfg, md, dst_device="cpu")

@@ -143,6 +143,7 @@ def plugin_name(extra: Mapping[str, Any], cls: type) -> str:
 _DESC = struct.Struct("<8s16s24sI6QQ")
 _DESC_LEN = 128
 _MAGIC = b"KVTLMC1\0"
+_READ_AHEAD = 16  # payloads one thread reads together
 _RAW_ROW = 256  # bytes per token of a raw payload: K and V rows of 64 16-bit elements
 
 
@@ -213,6 +214,7 @@ class KvtierStoragePlugin(StoragePluginInterface):
         self._put_tasks: Dict[CacheEngineKey, int] = {}  # puts in flight
         self._pins: Dict[CacheEngineKey, int] = {}
         self._local = threading.local()
+        self._lending = True  # until the only tier says it cannot lend
         log.info("kvtier.lmcache: worker %d/%d, kv_shape %s, codec %s, tiers %s",
                  metadata.worker_id, metadata.world_size, tuple(metadata.kv_shape),
                  self.options.codec, self.tiers)
@@ -254,15 +256,17 @@ class KvtierStoragePlugin(StoragePluginInterface):
         b += b"\0" * (-len(b) % 4)
         return chunk_key(self.fingerprint, np.frombuffer(b, dtype="<u4"))
 
-    def _held(self, key: CacheEngineKey) -> Optional[Tuple[Key, bool]]:
-        """(kvtier key, raw) of the payload held for key, or None."""
+    def _held(self, key: CacheEngineKey) -> Optional[Tuple[Key, bool, int]]:
+        """(kvtier key, raw, length) of the payload held for key, or None."""
         for raw in (False, True):
             k = self.kv_key(key, raw)
             try:
-                if self.cache.query(k) is not None:
-                    return k, raw
+                q = self.cache.query(k)
             except Error as e:
                 log.warning("kvtier.lmcache: query of %s failed: %s", key, e)
+                continue
+            if q is not None:
+                return k, raw, q[0]
         return None
 
     # --- puts --------------------------------------------------------------------
@@ -369,23 +373,67 @@ class KvtierStoragePlugin(StoragePluginInterface):
     # --- gets --------------------------------------------------------------------
 
     def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:
-        held = self._held(key)
-        if held is None:
-            return None
-        kk, raw = held
+        return self._get_span([key])[0]
+
+    def _get_span(self, keys: Sequence[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        """The objects of keys (None: a miss). Payloads are read together
+        (kvt_cache_get_many: the nvme tier keeps the reads in flight at once)
+        into this thread's buffer, _READ_AHEAD at a time, then decoded."""
+        out: List[Optional[MemoryObj]] = [None] * len(keys)
+        held = [(i, h) for i, h in enumerate(map(self._held, keys)) if h is not None]
+        if self._lending:  # decoded from a memory tier's own bytes, without a copy
+            held = [(i, h) for i, h in held if not self._get_lent(keys[i], h[0], h[1], out, i)]
+        for c in range(0, len(held), _READ_AHEAD):
+            part = held[c:c + _READ_AHEAD]
+            slot = -(-max(h[2] for _, h in part) // 4096) * 4096
+            buf = self._buffer(slot * len(part))
+            slots = [buf[j * slot:(j + 1) * slot] for j in range(len(part))]
+            try:
+                got = self.cache.get_many_into([h[0] for _, h in part], slots)
+            except Error as e:
+                log.warning("kvtier.lmcache: read of %d chunks failed: %s", len(part), e)
+                continue
+            for j, (i, (kk, raw, _)) in enumerate(part):
+                if got[j].code == 0:
+                    out[i] = self._decode(keys[i], kk, raw, slots[j][:got[j].length])
+                elif got[j].code != ErrorCode.ENOTFOUND:  # refused (and deleted) by the cache
+                    log.warning("kvtier.lmcache: %s is a miss: %s", keys[i],
+                                Error(got[j].code, detail="get"))
+        return out
+
+    def _get_lent(self, key: CacheEngineKey, kk: Key, raw: bool,
+                  out: List[Optional[MemoryObj]], i: int) -> bool:
+        """Decodes kk's payload from the memory tier lending it into out[i];
+        False where no tier lends it (then it is read with the others)."""
         try:
-            q = self.cache.query(kk)
-            if q is None:
-                return None
-            buf = self._buffer(q[0])
-            n = self.cache.get_into(kk, buf)
+            loan = self.cache.borrow(kk)
         except Error as e:
-            log.warning("kvtier.lmcache: read of %s failed: %s", key, e)
-            return None
-        if n is None:
-            return None
+            if e.code == ErrorCode.ENOTSUP and self.cache.tier_count == 1:
+                self._lending = False  # the only tier cannot lend (nvme, remote)
+            if e.code not in (ErrorCode.ENOTSUP, -errno.EAGAIN):
+                log.warning("kvtier.lmcache: %s is a miss: %s", key, e)
+            return e.code not in (ErrorCode.ENOTSUP, -errno.EAGAIN)
+        if loan is None or loan.array is None:  # a miss here; a shared tier may have it
+            if loan is not None:
+                loan.close()
+            return False
+        with loan:  # a delete of the key waits for the loan: drop after it
+            try:
+                out[i] = (self._decode_raw if raw else self._decode_codec)(kk, loan.array)
+                return True
+            except Error as e:
+                fault = e
+        log.warning("kvtier.lmcache: %s is a miss: %s", key, fault)
+        if fault.code in PAYLOAD_FAULTS:
+            self._drop(kk)
+        return True
+
+    def _decode(self, key: CacheEngineKey, kk: Key, raw: bool,
+                payload: np.ndarray) -> Optional[MemoryObj]:
+        """The object decoded from payload; None (and the payload deleted
+        when its bytes are at fault) where it fails a check."""
         try:
-            return (self._decode_raw if raw else self._decode_codec)(kk, buf[:n])
+            return (self._decode_raw if raw else self._decode_codec)(kk, payload)
         except Error as e:
             log.warning("kvtier.lmcache: %s is a miss: %s", key, e)
             if e.code in PAYLOAD_FAULTS:
@@ -448,10 +496,13 @@ class KvtierStoragePlugin(StoragePluginInterface):
         return obj
 
     def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
-        """get_blocking of each key, on the plug-in's threads where keys are many."""
-        if len(keys) < 4 or self.options.threads == 1:
-            return [self.get_blocking(k) for k in keys]
-        return list(self._pool.map(self.get_blocking, keys))
+        """The objects of keys, in consecutive spans, one per thread."""
+        n, threads = len(keys), self.options.threads
+        if n < 4 or threads == 1:
+            return self._get_span(keys)
+        step = -(-n // threads)
+        spans = [keys[s:s + step] for s in range(0, n, step)]
+        return [o for part in self._pool.map(self._get_span, spans) for o in part]
 
     async def batched_get_non_blocking(self, lookup_id: str, keys: list,
                                        transfer_spec: Any = None) -> list:

@@ -6,8 +6,9 @@ of the objects it returns, as CreateStorageBackends does in a worker."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import collections
+import gc
+import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -34,6 +35,17 @@ LAYERS, HEADS, DIM, CHUNK = 3, 2, 32, 16
 MODEL = "test/llama-tiny"
 
 
+@pytest.fixture(autouse=True)
+def collect_memory_objs() -> Any:
+    """Frees each test's MemoryObjs when it ends. In LMCache 0.5.6 a
+    MemoryObj's __del__ frees it under LMCache's shared observability lock,
+    which is not reentrant: collected by a garbage-collector pass that runs
+    while LMCache holds that lock (PrometheusLogger.GetOrCreate, as a new
+    LocalCPUBackend makes), it deadlocks the process."""
+    yield
+    gc.collect()
+
+
 def engine_config(tiers: str, codec: str = "raw", **more: Any) -> Dict[str, Any]:
     extra = {"storage_plugin.kvtier.module_path": "kvtier.lmcache",
              "storage_plugin.kvtier.class_name": "KvtierStoragePlugin",
@@ -53,6 +65,7 @@ def metadata(dtype: Any = torch.bfloat16, worker: int = 0, world: int = 1,
 
 def launch(config: Any, md: LMCacheMetadata) -> KvtierStoragePlugin:
     """The plug-in as LMCache's CreateStorageBackends makes it in a worker."""
+    gc.collect()  # not inside LocalCPUBackend's metrics setup (collect_memory_objs)
     cpu = LocalCPUBackend(config, md, dst_device="cpu")
     backends: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
     storage_plugin_launcher(config, md, asyncio.new_event_loop(), cpu, "cpu", backends)
@@ -292,6 +305,7 @@ def test_lmcaches_storage_manager_puts_and_gets_through_the_plugin(tmp_path: Pat
     from lmcache.v1.storage_backend.storage_manager import StorageManager
 
     cfg = LMCacheEngineConfig.from_dict(engine_config(f"nvme:{tmp_path}:64MiB", "k16v8"))
+    gc.collect()
     sm = StorageManager(cfg, metadata(), EventManager())
     try:
         plugin = sm.storage_backends["kvtier"]

@@ -157,7 +157,8 @@ def main() -> None:
             "extra_config": {"disk_io_threads": a.threads,
                              "storage_plugin.kvtier.module_path": "kvtier.lmcache",
                              "storage_plugin.kvtier.class_name": "KvtierStoragePlugin",
-                             "storage_plugin.kvtier.tiers": dram + f"nvme:{where}/kv:{int(disk_gb * 1024)}MiB",
+                             "storage_plugin.kvtier.tiers":
+                                 dram + f"nvme:{where}/kv:{int(disk_gb * 1024)}MiB",
                              "storage_plugin.kvtier.codec": codec,
                              "storage_plugin.kvtier.threads": a.threads}})
         cpu = LocalCPUBackend(cfg, md, dst_device="cpu")

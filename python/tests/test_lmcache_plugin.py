@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import gc
 import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import numpy as np
 import pytest
 
 pytest.importorskip(
@@ -29,6 +31,8 @@ from lmcache.v1.storage_backend import storage_plugin_launcher  # noqa: E402
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend  # noqa: E402
 
 import kvtier  # noqa: E402
+import kvtier.lmcache as lmc  # noqa: E402
+from kvtier.codec import decode, encode_bound, encode_into  # noqa: E402
 from kvtier.lmcache import KvtierStoragePlugin, Refused  # noqa: E402
 
 LAYERS, HEADS, DIM, CHUNK = 3, 2, 32, 16
@@ -328,3 +332,237 @@ def test_lmcaches_storage_manager_puts_and_gets_through_the_plugin(tmp_path: Pat
         assert sm.contains(keys[0]) is None and sm.get(keys[0]) is None
     finally:
         sm.close()
+
+
+def wait_for(cond: Any, seconds: float = 20.0) -> bool:
+    for _ in range(int(seconds * 100)):
+        if cond():
+            return True
+        threading.Event().wait(0.01)
+    return cond()
+
+
+def gate_puts(plugin: KvtierStoragePlugin) -> threading.Event:
+    """Holds the plug-in's puts (after encoding) until the event is set."""
+    gate, real_put = threading.Event(), plugin.cache.put
+
+    def held_put(*a: Any, **kw: Any) -> Any:
+        gate.wait(30)
+        return real_put(*a, **kw)
+    plugin.cache.put = held_put  # type: ignore[method-assign]
+    return gate
+
+
+def test_closing_the_storage_manager_drains_the_puts_before_lmcache_frees_its_memory(
+        tmp_path: Path) -> None:
+    """StorageManager.close() closes LocalCPUBackend (whose arena holds the
+    objects being stored) before the plug-in: the running put ends first,
+    the queued ones are dropped with their references."""
+    from lmcache.v1.event_manager import EventManager
+    from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+    cfg = engine_config(f"nvme:{tmp_path}:64MiB", "k16v8", threads=1)
+    gc.collect()
+    sm = StorageManager(LMCacheEngineConfig.from_dict(cfg), metadata(), EventManager())
+    plugin = sm.storage_backends["kvtier"]
+    allocator = plugin.local_cpu_backend.memory_allocator
+    keys = [key(i) for i in range(6)]
+    gate = gate_puts(plugin)
+    objs = [chunk(plugin, i) for i in range(6)]
+    futures = plugin.batched_submit_put_task(keys, objs)
+    for o in objs:  # as StorageManager.batched_put does: the plug-in holds the only reference
+        o.ref_count_down()
+    in_flight_when_freed: List[int] = []
+    real_close = allocator.close
+
+    def spy_close() -> None:
+        in_flight_when_freed.append(sum(plugin.exists_in_put_tasks(k) for k in keys))
+        gate.set()  # without the fix: let the puts end before the arena goes (no crash)
+        wait_for(lambda: not any(plugin.exists_in_put_tasks(k) for k in keys))
+        real_close()
+    allocator.close = spy_close
+    threading.Timer(0.3, gate.set).start()
+    sm.close()
+    assert in_flight_when_freed == [0]
+    assert all(f.done() for f in futures) and futures[0].result() is True
+    assert [f.result() for f in futures[1:]] == [False] * 5
+
+
+def test_objects_of_several_kv_groups_round_trip(tmp_path: Path) -> None:
+    """An object of two KV layer groups (LMCacheMetadata.get_shapes() with two
+    entries) comes back with both shapes and dtypes and its bytes."""
+    plugin = open_plugin(f"nvme:{tmp_path}:64MiB", "k16v8")
+    shapes = [torch.Size([2, LAYERS, CHUNK, HEADS * DIM]), torch.Size([2, 1, CHUNK, 64])]
+    dtypes = [torch.bfloat16, torch.float16]
+    obj = plugin.local_cpu_backend.allocate(shapes, dtypes, MemoryFormat.KV_2LTD)
+    g = torch.Generator().manual_seed(3)
+    obj.raw_data[:obj.get_size()].copy_(
+        torch.randint(0, 256, (obj.get_size(),), generator=g, dtype=torch.uint8))
+    want = bytes(obj.byte_array)
+    put(plugin, [key(1)], [obj])
+    back = plugin.get_blocking(key(1))
+    assert back is not None and back.metadata.fmt == MemoryFormat.KV_2LTD
+    assert back.metadata.shapes == shapes and back.metadata.dtypes == dtypes
+    assert bytes(back.byte_array) == want and plugin.contains(key(1))
+    plugin.close()
+
+
+def test_an_async_lookup_and_load_release_their_pins(tmp_path: Path) -> None:
+    """LMCache's async lookup pins the hits (batched_async_contains, pin=True)
+    and loads exactly them (batched_get_non_blocking), which unpins them, as
+    LocalDiskBackend does; the engine never calls unpin itself."""
+    plugin = open_plugin(f"nvme:{tmp_path}:64MiB", "k16v8")
+    keys = [key(i) for i in range(3)]
+    objs = [chunk(plugin, i) for i in range(3)]
+    put(plugin, keys, objs)
+    for r in range(3):
+        assert asyncio.run(plugin.batched_async_contains(f"r{r}", keys + [key(9)], pin=True)) == 3
+        got = asyncio.run(plugin.batched_get_non_blocking(f"r{r}", keys))
+        assert [torch.equal(b.tensor[0], o.tensor[0]) for b, o in zip(got, objs)] == [True] * 3
+        for b in got:
+            b.ref_count_down()
+    assert [plugin.remove(k, force=False) for k in keys] == [True] * 3  # nothing pinned
+    plugin.close()
+
+
+def test_an_async_load_with_lmcaches_memory_full_returns_the_hits_so_far(tmp_path: Path) -> None:
+    """On LMCache's event loop a load must not wait for memory (busy_loop):
+    with room for one chunk, it returns that one hit at once."""
+    plugin = open_plugin(f"nvme:{tmp_path}:64MiB", "k16v8", threads=1)
+    keys = [key(i) for i in range(3)]
+    objs = [chunk(plugin, i) for i in range(3)]
+    put(plugin, keys, objs)
+    cpu, filler = plugin.local_cpu_backend, []
+    shape = objs[0].metadata.shape
+    while (o := cpu.allocate(shape, torch.bfloat16, MemoryFormat.KV_2LTD, eviction=False)):
+        filler.append(o)
+    filler.pop().ref_count_down()  # room for one chunk
+    result: List[Any] = []
+    t = threading.Thread(target=lambda: result.append(
+        asyncio.run(plugin.batched_get_non_blocking("r", keys))), daemon=True)
+    t.start()
+    t.join(5)
+    hung = t.is_alive()
+    for o in filler:  # lets a load that waits for memory end
+        o.ref_count_down()
+    t.join(30)
+    assert not hung
+    got = result[0]
+    assert len(got) == 1 and torch.equal(got[0].tensor[0], objs[0].tensor[0])
+    got[0].ref_count_down()
+    plugin.close()
+
+
+def test_a_closed_plugin_says_so(tmp_path: Path) -> None:
+    plugin = open_plugin("dram:64MiB")
+    obj = chunk(plugin, 1)
+    plugin.close()
+    for call in (lambda: plugin.contains(key(1)), lambda: plugin.get_blocking(key(1)),
+                 lambda: plugin.batched_submit_put_task([key(1)], [obj])):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+    assert obj.get_ref_count() == 1
+
+
+def test_a_put_failing_outside_kvtier_is_logged_and_lets_go_of_its_object(
+        tmp_path: Path, caplog: Any) -> None:
+    plugin = open_plugin("dram:64MiB")
+    obj = chunk(plugin, 1)
+
+    def broken_put(*a: Any, **kw: Any) -> None:
+        raise RuntimeError("the tier fell over")
+    plugin.cache.put = broken_put  # type: ignore[method-assign]
+    futures = plugin.batched_submit_put_task([key(1)], [obj])
+    assert futures[0].result() is False
+    assert "the tier fell over" in caplog.text
+    assert obj.get_ref_count() == 1 and not plugin.exists_in_put_tasks(key(1))
+    plugin.close()
+
+
+def test_a_span_that_raises_leaves_no_object_held(tmp_path: Path) -> None:
+    """batched_get_blocking reads spans on several threads: when one raises,
+    the objects the others (and it) allocated are given back."""
+    plugin = open_plugin(f"nvme:{tmp_path}:64MiB", "k16v8", threads=2)
+    keys = [key(i) for i in range(8)]
+    put(plugin, keys, [chunk(plugin, i) for i in range(8)])
+    made: List[Any] = []
+    real_allocate, real_decode = plugin._allocate, plugin._decode_codec
+
+    def allocate(*a: Any, **kw: Any) -> Any:
+        o = real_allocate(*a, **kw)
+        made.append(o)
+        return o
+
+    def decode_codec(kk: Any, *a: Any, **kw: Any) -> Any:
+        if kk == plugin.kv_key(keys[6], False):
+            raise RuntimeError("decoder broke")
+        return real_decode(kk, *a, **kw)
+    plugin._allocate = allocate  # type: ignore[method-assign]
+    plugin._decode_codec = decode_codec  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="decoder broke"):
+        plugin.batched_get_blocking(keys)
+    assert len(made) == 6 and [o.get_ref_count() for o in made] == [0] * 6
+    plugin.close()
+
+
+def test_gets_do_not_wait_behind_puts(tmp_path: Path) -> None:
+    plugin = open_plugin(f"nvme:{tmp_path}:64MiB", "k16v8", threads=2)
+    keys = [key(i) for i in range(4)]
+    put(plugin, keys, [chunk(plugin, i) for i in range(4)])
+    gate = gate_puts(plugin)
+    slow = plugin.batched_submit_put_task([key(10), key(11)],
+                                          [chunk(plugin, 10), chunk(plugin, 11)])
+    result: List[Any] = []
+    t = threading.Thread(target=lambda: result.append(plugin.batched_get_blocking(keys)),
+                         daemon=True)
+    t.start()
+    t.join(5)
+    waited = t.is_alive()
+    gate.set()
+    t.join(30)
+    assert not waited and all(o is not None for o in result[0])
+    assert all(f.result() for f in slow)
+    plugin.close()
+
+
+def test_a_descriptor_whose_length_disagrees_with_its_shape_is_a_miss(tmp_path: Path) -> None:
+    """A raw-path payload whose checksums hold but whose descriptor gives a
+    length other than its shapes' elements times their size is refused."""
+    plugin = open_plugin("dram:64MiB", "k16v8", metadata(torch.float32))
+    k = key(1, torch.float32)
+    put(plugin, [k], [chunk(plugin, 1, dtype=torch.float32)])
+    kk = plugin.kv_key(k, raw=True)
+    info = kvtier.inspect(plugin.cache.get(kk))
+    src = np.zeros(info.tokens * 256, np.uint8)
+    tk, tv = lmc._raw_views(src.ctypes.data, info.tokens, src)
+    decode(plugin.cache.get(kk), tk, tv)
+    desc = lmc.Descriptor.unpack(src.tobytes())
+    bad = dataclasses.replace(desc, nbytes=desc.nbytes - 64).pack()
+    src[:len(bad)] = np.frombuffer(bad, np.uint8)
+    buf = np.empty(encode_bound("raw", 1, info.tokens, 1, 64), np.uint8)
+    n = encode_into(buf, tk, tv, "raw", key=kk, fingerprint=plugin.fingerprint)
+    plugin.cache.delete(kk)
+    plugin.cache.put(kk, buf[:n])
+    assert plugin.get_blocking(k) is None and not plugin.contains(k)
+    plugin.close()
+
+
+def test_two_plugin_instances_keep_their_own_options(tmp_path: Path) -> None:
+    extra: Dict[str, Any] = {}
+    for name, codec in (("a", "raw"), ("b", "k16v8")):
+        extra.update({f"storage_plugin.{name}.module_path": "kvtier.lmcache",
+                      f"storage_plugin.{name}.class_name": "KvtierStoragePlugin",
+                      f"storage_plugin.{name}.tiers": f"nvme:{tmp_path}/{name}:64MiB",
+                      f"storage_plugin.{name}.codec": codec})
+    cfg = LMCacheEngineConfig.from_dict({
+        "chunk_size": CHUNK, "local_cpu": False, "max_local_cpu_size": 0.05,
+        "storage_plugins": ["a", "b"], "extra_config": extra})
+    gc.collect()
+    cpu = LocalCPUBackend(cfg, metadata(), dst_device="cpu")
+    backends: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+    storage_plugin_launcher(cfg, metadata(), asyncio.new_event_loop(), cpu, "cpu", backends)
+    assert sorted(backends) == ["a", "b"]
+    for name, codec in (("a", "raw"), ("b", "k16v8")):
+        assert backends[name].tiers == f"nvme:{tmp_path}/{name}:64MiB"
+        assert backends[name].options.codec == codec
+        backends[name].close()

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_bench_gpu.h"
 #include "cli_util.h"
 #include "kvtier/gpu.h"
 #include "synth.h"
@@ -129,22 +130,26 @@ static double median(double *t, uint32_t n) {
   return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
 }
 
-/* Fills every layer tensor with synthetic bf16 K/V tiles (1 MiB each). */
-static int fill_cache(gbench *g, size_t layer_bytes) {
-  kvt_synth_shape s = {1, 256, HEADS, HDIM, KVT_DTYPE_BF16, 4, 20.0f};
-  const size_t tile = (size_t)256 * HEADS * HDIM * 2;
+int cli_bench_fill_layers(void *const *layers, uint32_t n, size_t layer_bytes, uint32_t heads,
+                          uint32_t head_dim, uint32_t seed0) {
+  kvt_synth_shape s = {1, 256, heads, head_dim, KVT_DTYPE_BF16, 4, 20.0f};
+  const size_t tile = (size_t)256 * heads * head_dim * 2;
   uint16_t *k = malloc(tile), *v = malloc(tile);
-  if (!k || !v) {
-    free(k);
-    free(v);
-    return CLI_EFAIL;
-  }
   int rc = 0;
-  for (uint32_t l = 0; l < LAYERS && !rc; l++) {
-    kvt_synth_kv(&s, 1000 + l, k, v);
-    for (size_t off = 0; off + tile <= layer_bytes && !rc; off += tile)
-      rc = cu(cudaMemcpy((uint8_t *)g->layers[l] + off, (off / tile) % 2 ? v : k, tile,
-                         cudaMemcpyHostToDevice), "fill cache");
+  if (!k || !v) {
+    cli_error("bench: out of memory filling the cache");
+    rc = CLI_EFAIL;
+  }
+  for (uint32_t l = 0; l < n && !rc; l++) {
+    kvt_synth_kv(&s, seed0 + l, k, v);
+    for (size_t off = 0; off + tile <= layer_bytes && !rc; off += tile) {
+      const cudaError_t e = cudaMemcpy((uint8_t *)layers[l] + off, (off / tile) % 2 ? v : k,
+                                       tile, cudaMemcpyHostToDevice);
+      if (e != cudaSuccess) {
+        cli_error("bench: filling the cache: %s", cudaGetErrorString(e));
+        rc = CLI_EFAIL;
+      }
+    }
   }
   free(k);
   free(v);
@@ -162,7 +167,7 @@ static int setup(gbench *g) {
   for (uint32_t l = 0; l < LAYERS; l++)
     if ((rc = cu(cudaMalloc(&g->layers[l], layer_bytes), "cudaMalloc cache")))
       return rc;
-  if ((rc = fill_cache(g, layer_bytes)))
+  if ((rc = cli_bench_fill_layers(g->layers, LAYERS, layer_bytes, HEADS, HDIM, 1000)))
     return rc;
   /* vLLM-style: a sequence's tokens fill its blocks in order; the blocks are
    * scattered over the cache. */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_bench_gpu.h"
 #include "cli_util.h"
 #include "kvtier/gpu.h"
 #include "kvtier/tier.h"
@@ -185,27 +186,6 @@ static int64_t block_of(const obench *b, int dst, uint32_t i) {
 
 /* ---- setup ------------------------------------------------------------------- */
 
-/* Fills every layer tensor with synthetic bf16 K/V tiles (512 KiB each). */
-static int fill_cache(obench *b, size_t layer_bytes) {
-  kvt_synth_shape s = {1, 256, HEADS, HDIM, KVT_DTYPE_BF16, 4, 20.0f};
-  const size_t tile = (size_t)256 * ROW;
-  uint16_t *k = malloc(tile), *v = malloc(tile);
-  int rc = 0;
-  if (!k || !v) {
-    cli_error("bench offload: out of memory");
-    rc = CLI_EFAIL;
-  }
-  for (uint32_t l = 0; l < LAYERS && !rc; l++) {
-    kvt_synth_kv(&s, 2000 + l, k, v);
-    for (size_t off = 0; off + tile <= layer_bytes && !rc; off += tile)
-      rc = cu(cudaMemcpy((uint8_t *)b->layers[l] + off, (off / tile) % 2 ? v : k, tile,
-                         cudaMemcpyHostToDevice), "fill cache");
-  }
-  free(k);
-  free(v);
-  return rc;
-}
-
 /* A sequence's tokens fill its blocks in order; the blocks are scattered
  * over the cache (vLLM's block table after a while of serving). */
 static int make_slots(obench *b) {
@@ -246,7 +226,8 @@ static int setup_cache(obench *b) {
   for (uint32_t l = 0; l < LAYERS; l++)
     if ((rc = cu(cudaMalloc(&b->layers[l], layer_bytes), "cudaMalloc cache")))
       return rc;
-  if ((rc = fill_cache(b, layer_bytes)) || (rc = make_slots(b)))
+  if ((rc = cli_bench_fill_layers(b->layers, LAYERS, layer_bytes, HEADS, HDIM, 2000)) ||
+      (rc = make_slots(b)))
     return rc;
   kvt_gpu_layout_desc d;
   kvt_gpu_layout_desc_vllm(&d, KVT_DTYPE_BF16, LAYERS, b->layers, b->nblocks, BS, HEADS, HDIM);

@@ -371,9 +371,10 @@ def main(argv: Sequence[str]) -> int:
         "cached payload")
     say(f"# where the worker '{main_mode}' spends its time (one instrumented pass): wall ms, then "
         "thread-ms in each call, summed over the transfer threads (so calls sum past the "
-        "wall); device.store = kernel + host seal (into a block reserved in the dram tier: "
-        "reserve, then publish = header check + index), device.load = host XXH3 check + H2D + "
-        "kernel, put = a copy into the dram tier (when a store cannot reserve), borrow = the "
+        "wall); device.store = kernel + GPU seal (into a block reserved in the dram tier: "
+        "reserve, then publish = header check + index), device.load = header check + "
+        "staged H2D + GPU checksums + kernel, waited for with its verdict, put = a copy into "
+        "the dram tier (when a store cannot reserve), borrow = the "
         "loan of a payload in place")
     def owner(call: str) -> str:
         if call in ("query", "put", "get_into", "borrow", "reserve"):

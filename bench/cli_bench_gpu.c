@@ -56,7 +56,8 @@ static const char gpu_help[] =
     "cudaMemcpyAsync of each payload: per chunk (kvt_gpu_load with layer_events,\n"
     "a call per chunk), batched (kvt_gpu_load_batch: one call, each launch loading\n"
     "a layer of up to 64 chunks), batched and trusted (KVT_GPU_LOAD_TRUST_HOST); and\n"
-    "the sealed store of each chunk (a call per chunk) against cudaMemcpyAsync D2H.\n"
+    "the sealed store of the chunks, a call per chunk (store) and batched\n"
+    "(kvt_gpu_store_batch_async and _finish: b-store), against cudaMemcpyAsync D2H.\n"
     "\n"
     "Options:\n"
     "  --iters N       timed iterations per measurement (5), after one warm-up\n"
@@ -498,7 +499,7 @@ static int run_size(gbench *g, const char *spec_text, const gsize *z, grow *out)
 /* Medians of one preset's layer-sized case, seconds. */
 typedef struct brow {
   uint64_t bytes, raw;
-  double h2d, d2h, per_chunk, batched, batched_trusted, store, batched_zc;
+  double h2d, d2h, per_chunk, batched, batched_trusted, store, batched_zc, batched_store;
 } brow;
 
 /* The payloads of the layer-sized case: n chunks stored per call. */
@@ -509,6 +510,7 @@ typedef struct bset {
   size_t *len;
   kvt_gpu_verdict *verdicts; /* pinned [n] */
   kvt_gpu_load_item *items;  /* [n] */
+  kvt_gpu_store_item *stores; /* [n] */
 } bset;
 
 /* Wall time from the first call to every verdict checked after the stream. */
@@ -521,11 +523,22 @@ static int batch_verdicts(gbench *g, bset *b, double t0, double *t) {
   return rc;
 }
 
-/* One iteration of the layer-sized case: t[7] in brow's order. */
+/* One iteration of the layer-sized case: t[8] in brow's order. */
 static int batch_iterate(gbench *g, bset *b, kvt_gpu_store_params *sp, double *t) {
   int rc = 0;
+  for (uint32_t j = 0; j < b->n; j++) {
+    const kvt_gpu_store_item it = {sizeof(it), &sp[j], b->pin + j * b->each, b->each, 0};
+    b->stores[j] = it;
+  }
   cudaStreamSynchronize(g->st);
   double t0 = cli_now();
+  if ((rc = kvt_gpu_store_batch_async(g->L, b->stores, b->n, g->st)) == 0)
+    rc = kvt_gpu_store_batch_finish(g->L, b->stores, b->n, g->st);
+  t[7] = cli_now() - t0;
+  if (rc)
+    return kv_fail(g, "batched store", rc);
+  cudaStreamSynchronize(g->st);
+  t0 = cli_now();
   for (uint32_t j = 0; j < b->n && !rc; j++)
     if ((rc = kvt_gpu_store_async(g->L, &sp[j], b->pin + j * b->each, b->each, &b->len[j],
                                   g->st)) == 0)
@@ -552,7 +565,7 @@ static int batch_iterate(gbench *g, bset *b, kvt_gpu_store_params *sp, double *t
     return rc;
   for (int trusted = 0; trusted < 3; trusted++) {
     for (uint32_t j = 0; j < b->n; j++) {
-      const kvt_gpu_load_item it = {b->pin + j * b->each, b->len[j], sp[j].slots, NULL,
+      const kvt_gpu_load_item it = {sizeof(it), b->pin + j * b->each, b->len[j], sp[j].slots, NULL,
                                     trusted ? NULL : &b->verdicts[j]};
       b->items[j] = it;
     }
@@ -592,7 +605,7 @@ static int batch_iterate(gbench *g, bset *b, kvt_gpu_store_params *sp, double *t
 static int batch_run(gbench *g, bset *b, const char *spec_text, brow *out) {
   kvt_gpu_store_params *sp = calloc(b->n, sizeof(*sp));
   kvt_encode_params *ep = calloc(b->n, sizeof(*ep));
-  double(*t)[7] = calloc(g->iters + 1, sizeof(*t));
+  double(*t)[8] = calloc(g->iters + 1, sizeof(*t));
   double col[MAX_ITERS];
   int rc = sp && ep && t ? 0 : CLI_EFAIL;
   for (uint32_t j = 0; j < b->n && !rc; j++) {
@@ -615,10 +628,10 @@ static int batch_run(gbench *g, bset *b, const char *spec_text, brow *out) {
   for (uint32_t it = 0; it <= g->iters && !rc; it++)
     rc = batch_iterate(g, b, sp, t[it]);
   if (!rc) {
-    double *m[7] = {&out->h2d,     &out->d2h,             &out->per_chunk,
+    double *m[8] = {&out->h2d,     &out->d2h,             &out->per_chunk,
                     &out->batched, &out->batched_trusted, &out->store,
-                    &out->batched_zc};
-    for (int k = 0; k < 7; k++) {
+                    &out->batched_zc, &out->batched_store};
+    for (int k = 0; k < 8; k++) {
       for (uint32_t it = 1; it <= g->iters; it++)
         col[it - 1] = t[it][k];
       *m[k] = median(col, g->iters);
@@ -646,7 +659,8 @@ static int run_batched(gbench *g, uint32_t n) {
   b.each = (size_t)((bound + 4095) & ~(uint64_t)4095);
   b.len = calloc(n, sizeof(*b.len));
   b.items = calloc(n, sizeof(*b.items));
-  if (!b.len || !b.items)
+  b.stores = calloc(n, sizeof(*b.stores));
+  if (!b.len || !b.items || !b.stores)
     rc = CLI_EFAIL;
   if (!rc)
     rc = cu(cudaHostAlloc((void **)&b.pin, n * b.each, cudaHostAllocMapped),
@@ -658,28 +672,32 @@ static int run_batched(gbench *g, uint32_t n) {
     printf("\nlayer-sized: %u chunks of %u tokens x %u layers (1 MiB of bf16 K+V per chunk "
            "and layer), loaded layer by layer with an event after each, verified on the GPU\n",
            n, BATCH_TOKENS, LAYERS);
-    printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %8s %7s\n", "preset", "payload",
-           "H2D", "chunk", "chunk/", "batch", "batch/", "trust/", "tr-zc/", "KV", "D2H", "store",
-           "store/");
-    printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %8s %7s\n", "", "MiB", "GB/s",
-           "GB/s", "H2D", "GB/s", "H2D", "H2D", "H2D", "GB/s", "GB/s", "GB/s", "D2H");
+    printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %8s %7s %8s %7s\n", "preset",
+           "payload", "H2D", "chunk", "chunk/", "batch", "batch/", "trust/", "tr-zc/", "KV",
+           "D2H", "store", "store/", "b-store", "bst/");
+    printf("%-16s %9s %8s %8s %7s %8s %7s %7s %7s %8s %8s %8s %7s %8s %7s\n", "", "MiB",
+           "GB/s", "GB/s", "H2D", "GB/s", "H2D", "H2D", "H2D", "GB/s", "GB/s", "GB/s", "D2H",
+           "GB/s", "D2H");
   }
   for (size_t i = 0; i < N_SPECS && !rc; i++) {
     brow r;
     if ((rc = batch_run(g, &b, gpu_specs[i], &r)) != 0)
       break;
     const double by = (double)r.bytes / 1e9;
-    printf("%-16s %9.1f %8.1f %8.1f %7.2f %8.1f %7.2f %7.2f %7.2f %8.1f %8.1f %8.1f %7.2f\n",
+    printf("%-16s %9.1f %8.1f %8.1f %7.2f %8.1f %7.2f %7.2f %7.2f %8.1f %8.1f %8.1f %7.2f %8.1f "
+           "%7.2f\n",
            gpu_specs[i], (double)r.bytes / (1 << 20), by / r.h2d, by / r.per_chunk,
            r.h2d / r.per_chunk, by / r.batched, r.h2d / r.batched, r.h2d / r.batched_trusted,
            r.h2d / r.batched_zc,
-           (double)r.raw / 1e9 / r.batched, by / r.d2h, by / r.store, r.d2h / r.store);
+           (double)r.raw / 1e9 / r.batched, by / r.d2h, by / r.store, r.d2h / r.store,
+           by / r.batched_store, r.d2h / r.batched_store);
     fflush(stdout);
   }
   cudaFreeHost(b.pin);
   cudaFreeHost(b.verdicts);
   free(b.len);
   free(b.items);
+  free(b.stores);
   return rc;
 }
 

@@ -153,6 +153,16 @@ int kvt_gpu_load(kvt_gpu_layout *layout, const void *payload, size_t len,
   (void)layout, (void)payload, (void)len, (void)p, (void)stream;
   return KVT_ENOTSUP;
 }
+int kvt_gpu_store_batch_async(kvt_gpu_layout *layout, kvt_gpu_store_item *items, uint32_t n,
+                              void *stream) {
+  (void)layout, (void)items, (void)n, (void)stream;
+  return KVT_ENOTSUP;
+}
+int kvt_gpu_store_batch_finish(kvt_gpu_layout *layout, kvt_gpu_store_item *items, uint32_t n,
+                               void *stream) {
+  (void)layout, (void)items, (void)n, (void)stream;
+  return KVT_ENOTSUP;
+}
 int kvt_gpu_load_batch(kvt_gpu_layout *layout, const kvt_gpu_load_item *items, uint32_t n,
                        const kvt_gpu_load_params *p, void *stream) {
   (void)layout, (void)items, (void)n, (void)p, (void)stream;
@@ -194,15 +204,21 @@ struct kvt_gpu_layout {
   uint32_t *gates;
   uint64_t *slot_digests[NSLOT];
   uint64_t slot_digest_words[NSLOT];
-  /* The pinned payload the last kvt_gpu_store_async sealed on the GPU. */
+  /* The pinned payload the last kvt_gpu_store_async sealed on the GPU; the
+   * first payload and count of the last kvt_gpu_store_batch_async. */
   const void *sealed_dst;
+  const void *batch_dst;
+  uint32_t batch_n;
   /* Format 2 checksums of device payloads: the pieces' digests (device
    * scratch, grown on demand; calls on one layout take turns). */
   uint64_t *digests;
   uint64_t digest_words;
 };
 
-#define AUX_BYTES (sizeof(kvt_gpu_status) + 2 * KVT_MAX_LAYERS * sizeof(float))
+/* The status word, then the layer-scale maxima of a store launch (of up to
+ * KVT_GPU_BATCH_MAX payloads). */
+#define AUX_BYTES \
+  (sizeof(kvt_gpu_status) + 2 * KVT_MAX_LAYERS * KVT_GPU_BATCH_MAX * sizeof(float))
 #define GATE_WORDS (NSLOT * KVT_GPU_BATCH_MAX + NSLOT)
 
 /* The gate of payload k of slot's piece, and the slot's checksum counter. */
@@ -651,32 +667,70 @@ static uint32_t take_slot(kvt_gpu_layout *L) {
 typedef void (*span_fn)(const kvt_gpu_kparams *kp, uint32_t i, uint64_t size, uint64_t *begin,
                         uint64_t *end);
 
-/* The next staged piece: whole layers [i, i + *n) of those before `stop`,
- * as many as fit piece_target(left) (at least one), bytes [*begin, *end);
- * returns the slot it takes (the next one in turn). */
-static uint32_t next_piece(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, span_fn span,
-                           uint64_t size, uint32_t i, uint32_t stop, uint64_t left,
-                           uint64_t *begin, uint64_t *end, uint32_t *n) {
-  const uint64_t target = piece_target(L, left);
-  uint64_t nb, ne;
-  span(kp, i, size, begin, end);
-  *n = 1;
-  while (i + *n < stop) {
-    span(kp, i + *n, size, &nb, &ne);
-    if (ne - *begin > target)
-      break;
-    *end = ne;
-    (*n)++;
-  }
-  return take_slot(L);
-}
-
 /* Bytes [*begin, *end) a store writes for payload-relative layer i: its K
  * and V sections and the padding after them (none after the last). */
 static void store_span(const kvt_gpu_kparams *kp, uint32_t i, uint64_t size, uint64_t *begin,
                        uint64_t *end) {
   *begin = kvt_gpu_sec_offset(kp, i, 0);
   *end = i + 1 < kp->payload_layers ? kvt_gpu_sec_offset(kp, i + 1, 0) : size;
+}
+
+/* Bytes [*begin, *end) of payload-relative layer i: its K and V sections. */
+static void layer_span(const kvt_gpu_kparams *kp, uint32_t i, uint64_t *begin, uint64_t *end) {
+  *begin = kvt_gpu_sec_offset(kp, i, 0);
+  *end = kvt_gpu_sec_offset(kp, i, 1) + kvt_gpu_sec_size(kp, kp->layer_begin + i, 1);
+}
+
+/* layer_span as a span_fn (a load moves the sections only). */
+static void load_span(const kvt_gpu_kparams *kp, uint32_t i, uint64_t size, uint64_t *begin,
+                      uint64_t *end) {
+  (void)size;
+  layer_span(kp, i, begin, end);
+}
+
+/* The copy of each payload in a piece of a batched staged transfer is at least
+ * this long (where a slot allows): on an H200, 128 chunks of 256 tokens x
+ * 32 layers loaded at 0.61-0.83x of cudaMemcpy with one layer per copy (0.3-1
+ * MiB: the copy engine's cost per copy), 0.89-0.93x with 2 MiB copies,
+ * 0.93-0.94x with 4 MiB and 0.95-0.97x with 8 MiB; 4 MiB keeps layer groups
+ * short (4 layers of a bf16 chunk, 13 of an int4 one). At most a quarter of
+ * a slot, so that a slot holds several payloads. */
+#define MIN_COPY (4ull << 20)
+
+/* The next piece of a staged transfer of n payloads of kp's shape (and
+ * size bytes), from layer a (of those before stop), `left` bytes to go in
+ * all: whole layers [a, a + *nl), bytes [*begin, *end) of each payload
+ * (span: what a load or a store moves of a layer), laid out in a slot every
+ * *stride bytes, *per payloads a piece. As many layers as fit
+ * piece_target(left) for the payloads of one launch, or more - up to what
+ * fits the target for one payload - until a payload's copy is MIN_COPY
+ * long (a quarter of a slot at most); where they do not fit, their payloads
+ * are split over pieces. one_layer: layer a alone (a load's first, when an
+ * engine waits for it: its event comes early). With
+ * one payload: pieces of whole layers that shrink towards the end (half of
+ * what is left), so the kernel left after the last copy is a short one. */
+static void plan_piece(const kvt_gpu_layout *L, const kvt_gpu_kparams *kp, span_fn span,
+                       uint64_t size, uint32_t a, uint32_t stop, uint32_t n, uint64_t left,
+                       int one_layer, uint32_t *nl, uint64_t *begin, uint64_t *end,
+                       uint64_t *stride, uint32_t *per) {
+  const uint64_t target = piece_target(L, left);
+  const uint32_t group = n < KVT_GPU_BATCH_MAX ? n : KVT_GPU_BATCH_MAX;
+  const uint64_t min_copy = MIN_COPY < L->slot_bytes / 4 ? MIN_COPY : L->slot_bytes / 4;
+  uint64_t nb, ne;
+  span(kp, a, size, begin, end);
+  *nl = 1;
+  while (a + *nl < stop && !one_layer) {
+    span(kp, a + *nl, size, &nb, &ne);
+    const uint64_t cur = kvt_gpu_align(*end - *begin, 256);
+    const uint64_t next = kvt_gpu_align(ne - *begin, 256);
+    if ((group * next > target && cur >= min_copy) || next > target)
+      break;
+    *end = ne;
+    (*nl)++;
+  }
+  *stride = kvt_gpu_align(*end - *begin, 256);
+  const uint64_t fit = target / *stride;
+  *per = fit < 1 ? 1 : fit > group ? group : (uint32_t)fit;
 }
 
 /* Whether every layer of a store fits one staging slot. */
@@ -707,53 +761,89 @@ static void staged_abandon(kvt_gpu_layout *L, uint32_t slot, void *stream) {
   (void)kvt_gpurt_sync(L->copy_stream);
 }
 
-/* A store into pinned memory through the staging slots, in pieces of whole
- * layers (as load_staged): the store kernel writes a piece into a slot, the
- * checksum kernels seal its sections there (checksums into dst's table,
- * through its device address), and the copy stream moves it to dst while
- * the next piece is stored. The caller's stream waits for the last copy. */
-static int store_staged(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, uint8_t *dst,
-                        uint8_t *dst_dev, uint64_t size, void *stream) {
-  uint64_t left = size - kvt_gpu_sec_offset(kp, 0, 0);
+/* Where a staged store writes one payload: its pinned memory (host and
+ * device addresses) and the slots it stores. */
+typedef struct store_target {
+  uint8_t *dst, *dst_dev;
+  const int64_t *slots;
+} store_target;
+
+/* A store of n payloads of kp's shape (size bytes each; headers written)
+ * into pinned memory through the staging slots, in pieces of whole layers
+ * of up to KVT_GPU_BATCH_MAX payloads (as load_staged): the store kernel
+ * writes a piece into a slot, the checksum kernels seal its sections there
+ * (checksums into each dst's table, through its device address), and the
+ * copy stream moves each payload's part to its dst while the next piece is
+ * stored. The caller's stream waits for the last copy. */
+static int store_staged(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, const store_target *t,
+                        uint32_t n, uint64_t size, void *stream) {
+  const uint32_t stop = kp->payload_layers;
+  uint64_t left = (size - kvt_gpu_sec_offset(kp, 0, 0)) * n;
   int e = 0;
-  for (uint32_t i = 0; e == 0 && i < kp->payload_layers;) {
-    uint64_t begin, end;
-    uint32_t n;
-    const uint32_t slot =
-        next_piece(L, kp, store_span, size, i, kp->payload_layers, left, &begin, &end, &n);
-    uint8_t *buf = L->staging + (uint64_t)slot * L->slot_bytes;
-    kvt_gpu_kparams piece = *kp;
-    piece.payload = (uint8_t *)((uintptr_t)buf - begin); /* section offsets stay the payload's */
-    piece.first = i;
-    piece.count = n;
-    if (i > 0)
-      piece.flags |= KVT_GPU_KP_KEEP_STATUS; /* the first piece's launch reset it */
-    uint64_t *dig = NULL; /* allocated before the slot is touched */
-    if ((e = slot_digests(L, slot, &piece, 1, &dig)) != 0) {
-      if (i > 0) /* earlier pieces' copies into dst are queued */
-        staged_abandon(L, NSLOT, stream);
-      return cuda_fail(L->ctx, e, "cudaMalloc of the checksum scratch");
+  for (uint32_t a = 0; e == 0 && a < stop;) {
+    uint64_t begin, end, stride;
+    uint32_t nl, per, ni;
+    plan_piece(L, kp, store_span, size, a, stop, n, left, 0, &nl, &begin, &end, &stride,
+               &per);
+    for (uint32_t i0 = 0; e == 0 && i0 < n; i0 += ni) {
+      ni = n - i0 < per ? n - i0 : per;
+      const uint32_t slot = take_slot(L);
+      uint8_t *buf = L->staging + (uint64_t)slot * L->slot_bytes;
+      kvt_gpu_kparams piece = *kp;
+      piece.payload = (uint8_t *)((uintptr_t)buf - begin); /* section offsets stay the payload's */
+      piece.slots = t[i0].slots;
+      piece.first = a;
+      piece.count = nl;
+      if (a > 0 || i0 > 0)
+        piece.flags |= KVT_GPU_KP_KEEP_STATUS; /* the first piece's launch reset it */
+      uint64_t *dig = NULL; /* allocated before the slot is touched */
+      if ((e = slot_digests(L, slot, &piece, ni, &dig)) != 0) {
+        if (a > 0 || i0 > 0) /* earlier pieces' copies into dst are queued */
+          staged_abandon(L, NSLOT, stream);
+        return cuda_fail(L->ctx, e, "cudaMalloc of the checksum scratch");
+      }
+      /* One payload: kp's own fields (no item array to pass). A batch
+       * passes its items whatever their number, so that a store's status
+       * names the item (items.base). */
+      const int batched = n > 1;
+      kvt_gpu_items items;
+      kvt_gpu_sec_items seals;
+      items.n = seals.n = ni;
+      items.base = i0;
+      seals.reserved = 0;
+      for (uint32_t k = 0; k < ni && batched; k++) {
+        uint8_t *body = (uint8_t *)((uintptr_t)(buf + k * stride) - begin);
+        const kvt_gpu_item one = {body, t[i0 + k].slots, NULL};
+        const kvt_gpu_sec_item c = {t[i0 + k].dst_dev, body, NULL, NULL};
+        items.it[k] = one;
+        seals.it[k] = c;
+      }
+      const char *what = "staged store (copy stream, events)";
+      if ((e = kvt_gpurt_stream_wait(stream, L->ev_free[slot])) != 0)
+        break;
+      const kvt_gpu_sections sec = {t[i0].dst_dev, piece.payload, begin, end, 2 * a, 2 * nl,
+                                    KVT_FORMAT_VERSION, 1, max_section(&piece), dig,
+                                    NULL, NULL, 0, slot_counter(L, slot), 0, 0};
+      if ((e = kvt_gpurt_store_batch(&piece, batched ? &items : NULL, stream)) != 0)
+        what = "store kernel launch";
+      else if ((e = kvt_gpurt_sections_batch(&sec, batched ? &seals : NULL, stream)) != 0)
+        what = "checksum kernel launch";
+      else if ((e = kvt_gpurt_event_record(L->ev_copied[slot], stream)) == 0 &&
+               (e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_copied[slot])) == 0) {
+        for (uint32_t k = 0; e == 0 && k < ni; k++)
+          e = kvt_gpurt_copy_d2h_async(t[i0 + k].dst + begin, buf + k * stride, end - begin,
+                                       L->copy_stream);
+        if (e == 0)
+          e = kvt_gpurt_event_record(L->ev_free[slot], L->copy_stream);
+      }
+      if (e) {
+        staged_abandon(L, slot, stream);
+        return cuda_fail(L->ctx, e, what);
+      }
+      const uint64_t moved = (uint64_t)ni * (end - begin);
+      left -= left < moved ? left : moved;
     }
-    const char *what = "staged store (copy stream, events)";
-    if ((e = kvt_gpurt_stream_wait(stream, L->ev_free[slot])) != 0)
-      break;
-    const kvt_gpu_sections sec = {dst_dev, piece.payload, begin, end, 2 * i, 2 * n,
-                                  KVT_FORMAT_VERSION, 1, max_section(&piece), dig,
-                                  NULL, NULL, 0, slot_counter(L, slot), 0, 0};
-    if ((e = kvt_gpurt_store(&piece, stream)) != 0)
-      what = "store kernel launch";
-    else if ((e = kvt_gpurt_sections(&sec, stream)) != 0)
-      what = "checksum kernel launch";
-    else if ((e = kvt_gpurt_event_record(L->ev_copied[slot], stream)) == 0 &&
-             (e = kvt_gpurt_stream_wait(L->copy_stream, L->ev_copied[slot])) == 0 &&
-             (e = kvt_gpurt_copy_d2h_async(dst + begin, buf, end - begin, L->copy_stream)) == 0)
-      e = kvt_gpurt_event_record(L->ev_free[slot], L->copy_stream);
-    if (e) {
-      staged_abandon(L, slot, stream);
-      return cuda_fail(L->ctx, e, what);
-    }
-    left -= left < end - begin ? left : end - begin;
-    i += n;
+    a += nl;
   }
   if (e == 0 && (e = kvt_gpurt_event_record(L->ev_start, L->copy_stream)) == 0)
     e = kvt_gpurt_stream_wait(stream, L->ev_start);
@@ -790,10 +880,12 @@ int kvt_gpu_store_async(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *
     return rc;
   int e;
   L->sealed_dst = NULL;
+  L->batch_dst = NULL;
   if (kind == KVT_GPU_MEM_PINNED) {
     put_header(p, &spec, L->d.dtype, L->d.heads, L->d.head_dim, model_layers, &kp, size, dst);
     if (store_stageable(L, &kp, size)) {
-      if ((rc = store_staged(L, &kp, dst, dev, size, stream)) != 0)
+      const store_target one = {dst, dev, p->slots};
+      if ((rc = store_staged(L, &kp, &one, 1, size, stream)) != 0)
         return rc;
       L->sealed_dst = dst;
       *len = (size_t)size;
@@ -824,6 +916,26 @@ int kvt_gpu_store_async(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *
   return 0;
 }
 
+/* The store kernels' verdict, after the stream: 0, or KVT_ENONFINITE /
+ * KVT_ERANGE naming where (and, for a batch, which item). */
+static int store_status(kvt_gpu_layout *L, int batch) {
+  kvt_gpu_status st;
+  int e = kvt_gpurt_status((const kvt_gpu_status *)L->dev_aux, &st);
+  if (e)
+    return cuda_fail(L->ctx, e, "reading the store status");
+  char item[32] = "";
+  if (batch)
+    snprintf(item, sizeof(item), "item %u: ", st.item);
+  if (st.code == KVT_ENONFINITE)
+    return kvt_fail(L->ctx, KVT_ENONFINITE, "%s%s layer %u token %u head %u dim %u is NaN or "
+                    "Inf", item, st.kind ? "V" : "K", st.layer, st.token, st.head, st.dim);
+  if (st.code)
+    return kvt_fail(L->ctx, KVT_ERANGE, "%s%s layer %u token %u head %u (dim %u): the i4 range "
+                    "does not fit the fp16 scale and zero", item, st.kind ? "V" : "K", st.layer,
+                    st.token, st.head, st.dim);
+  return 0;
+}
+
 int kvt_gpu_store_finish(kvt_gpu_layout *L, void *dst_, size_t len, void *stream) {
   if (!L)
     return -EINVAL;
@@ -837,16 +949,8 @@ int kvt_gpu_store_finish(kvt_gpu_layout *L, void *dst_, size_t len, void *stream
   int e = kvt_gpurt_sync(stream);
   if (e)
     return cuda_fail(ctx, e, "cudaStreamSynchronize after the store kernel");
-  kvt_gpu_status st;
-  if ((e = kvt_gpurt_status((const kvt_gpu_status *)L->dev_aux, &st)) != 0)
-    return cuda_fail(ctx, e, "reading the store status");
-  if (st.code == KVT_ENONFINITE)
-    return kvt_fail(ctx, KVT_ENONFINITE, "%s layer %u token %u head %u dim %u is NaN or Inf",
-                    st.kind ? "V" : "K", st.layer, st.token, st.head, st.dim);
-  if (st.code)
-    return kvt_fail(ctx, KVT_ERANGE, "%s layer %u token %u head %u (dim %u): the i4 range does "
-                    "not fit the fp16 scale and zero", st.kind ? "V" : "K", st.layer, st.token,
-                    st.head, st.dim);
+  if ((e = store_status(L, 0)) != 0)
+    return e;
   if (!dst || len < HDR_FIXED)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_finish: no payload");
   int kind = 0, rc;
@@ -876,6 +980,136 @@ int kvt_gpu_store(kvt_gpu_layout *L, const kvt_gpu_store_params *p, void *dst, s
                   size_t *len, void *stream) {
   int rc = kvt_gpu_store_async(L, p, dst, cap, len, stream);
   return rc ? rc : kvt_gpu_store_finish(L, dst, *len, stream);
+}
+
+/* A batch's item k failed its checks: the detail prefixed with the item. */
+static int store_item_fail(kvt_ctx *ctx, uint32_t k, int rc) {
+  char why[256];
+  snprintf(why, sizeof(why), "%s", kvt_ctx_last_error(ctx));
+  return kvt_fail(ctx, rc, "kvt_gpu_store_batch_async: item %u: %s", k, why);
+}
+
+/* Item k of an array whose items are items[0].struct_size bytes apart. */
+static kvt_gpu_store_item *store_item(kvt_gpu_store_item *items, uint32_t k) {
+  return (kvt_gpu_store_item *)(void *)((char *)items + (size_t)k * items->struct_size);
+}
+
+int kvt_gpu_store_batch_async(kvt_gpu_layout *L, kvt_gpu_store_item *items_, uint32_t n,
+                              void *stream) {
+  if (!L)
+    return -EINVAL;
+  kvt_ctx *ctx = L->ctx;
+  kvt_clear_error(ctx);
+  L->sealed_dst = NULL;
+  L->batch_dst = NULL;
+  if (!items_ || !n)
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_batch_async: no items");
+  if (items_->struct_size < sizeof(*items_))
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_batch_async: store_item(items_, 0)->struct_size %zu, at "
+                    "least %zu (KVT_GPU_STORE_ITEM_INIT)", items_->struct_size, sizeof(*items_));
+  store_target *t = kvt_alloc(ctx, (size_t)n * sizeof(*t), 64);
+  if (!t)
+    return kvt_fail(ctx, -ENOMEM, "kvt_gpu_store_batch_async: %u items", n);
+  kvt_codec_spec spec0;
+  uint32_t ml0 = 0;
+  uint64_t size0 = 0;
+  kvt_gpu_kparams kp;
+  int rc = 0;
+  uint32_t k = 0;
+  for (; k < n && rc == 0; k++) {
+    const kvt_gpu_store_params *p = store_item(items_, k)->params;
+    kvt_codec_spec spec;
+    uint32_t ml = 0;
+    uint64_t size = 0;
+    int kind = 0;
+    uint8_t *dev = NULL;
+    if (!p) {
+      rc = kvt_fail(ctx, -EINVAL, "NULL params");
+      break;
+    }
+    if ((rc = store_check(L, p, &spec, &ml, &size)) != 0)
+      break;
+    if (k == 0) {
+      spec0 = spec;
+      ml0 = ml;
+      size0 = size;
+    } else if (memcmp(&spec, &spec0, sizeof(spec)) != 0 || ml != ml0 ||
+               p->encode->layer_begin != store_item(items_, 0)->params->encode->layer_begin ||
+               p->layer_count != store_item(items_, 0)->params->layer_count ||
+               p->tokens != store_item(items_, 0)->params->tokens) {
+      rc = kvt_fail(ctx, KVT_ESHAPE, "its spec, layers %u+%u of %u or %u tokens differ from "
+                    "item 0's (%u+%u of %u, %u tokens): a batch's chunks share one geometry",
+                    p->encode->layer_begin, p->layer_count, ml, p->tokens,
+                    store_item(items_, 0)->params->encode->layer_begin, store_item(items_, 0)->params->layer_count, ml0,
+                    store_item(items_, 0)->params->tokens);
+      break;
+    }
+    if (!store_item(items_, k)->dst) {
+      rc = kvt_fail(ctx, -EINVAL, "NULL destination");
+      break;
+    }
+    if (size > store_item(items_, k)->cap) {
+      rc = kvt_fail(ctx, KVT_ENOBUFS, "payload needs %" PRIu64 " bytes, %zu given", size,
+                    store_item(items_, k)->cap);
+      break;
+    }
+    if ((rc = payload_addr(ctx, store_item(items_, k)->dst, &kind, &dev)) != 0)
+      break;
+    if (kind != KVT_GPU_MEM_PINNED) {
+      rc = kvt_fail(ctx, KVT_ENOTSUP, "the destination at %p is device memory: a batch "
+                    "stores into pinned host memory (use kvt_gpu_store_async)", store_item(items_, k)->dst);
+      break;
+    }
+    if (k == 0 && (rc = fill_kparams(L, &spec, p->tokens, p->encode->layer_begin,
+                                     p->layer_count, 0, p->layer_count, p->slots, dev, 0,
+                                     &kp)) != 0)
+      break;
+    const store_target one = {store_item(items_, k)->dst, dev, p->slots};
+    t[k] = one;
+  }
+  if (rc) /* k: the item that failed */
+    rc = store_item_fail(ctx, k, rc);
+  else if (!store_stageable(L, &kp, size0))
+    rc = kvt_fail(ctx, KVT_ENOTSUP, "kvt_gpu_store_batch_async: the handle has no staging "
+                  "memory, or a layer of the chunk is larger than a staging slot (%" PRIu64
+                  " bytes): use kvt_gpu_store_async", L->slot_bytes);
+  if (rc) {
+    kvt_dealloc(ctx, t);
+    return rc;
+  }
+  for (k = 0; k < n; k++)
+    put_header(store_item(items_, k)->params, &spec0, L->d.dtype, L->d.heads, L->d.head_dim, ml0, &kp, size0,
+               store_item(items_, k)->dst);
+  if ((rc = store_staged(L, &kp, t, n, size0, stream)) == 0) {
+    for (k = 0; k < n; k++)
+      store_item(items_, k)->len = (size_t)size0;
+    L->batch_dst = store_item(items_, 0)->dst;
+    L->batch_n = n;
+  }
+  kvt_dealloc(ctx, t);
+  return rc;
+}
+
+int kvt_gpu_store_batch_finish(kvt_gpu_layout *L, kvt_gpu_store_item *items, uint32_t n,
+                               void *stream) {
+  if (!L)
+    return -EINVAL;
+  kvt_ctx *ctx = L->ctx;
+  kvt_clear_error(ctx);
+  const int ours = items && n && items->struct_size >= sizeof(*items) && L->batch_dst &&
+                   L->batch_dst == items->dst && L->batch_n == n;
+  L->batch_dst = NULL;
+  int e = kvt_gpurt_sync(stream);
+  if (e)
+    return cuda_fail(ctx, e, "cudaStreamSynchronize after the batched store");
+  if (!ours)
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_batch_finish: not the items the last "
+                    "kvt_gpu_store_batch_async on this handle stored");
+  if ((e = store_status(L, 1)) != 0)
+    return e;
+  for (uint32_t k = 0; k < n; k++)
+    kvt_header_seal(store_item(items, k)->dst);
+  return 0;
 }
 
 /* ---- load ---- */
@@ -1029,12 +1263,6 @@ static int launch_layers(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, const kvt
   return 0;
 }
 
-/* Bytes [*begin, *end) of payload-relative layer i: its K and V sections. */
-static void layer_span(const kvt_gpu_kparams *kp, uint32_t i, uint64_t *begin, uint64_t *end) {
-  *begin = kvt_gpu_sec_offset(kp, i, 0);
-  *end = kvt_gpu_sec_offset(kp, i, 1) + kvt_gpu_sec_size(kp, kp->layer_begin + i, 1);
-}
-
 /* Bytes of the loaded layers' sections. */
 static uint64_t loaded_bytes(const kvt_gpu_kparams *kp) {
   uint64_t b0, e0, b1, e1;
@@ -1102,48 +1330,6 @@ typedef struct staged_item {
   uint32_t *verdict;
 } staged_item;
 
-/* The copy of each payload in a piece of a batched staged load is at least
- * this long (where a slot allows): on an H200, 128 chunks of 256 tokens x
- * 32 layers loaded at 0.61-0.83x of cudaMemcpy with one layer per copy (0.3-1
- * MiB: the copy engine's cost per copy), 0.89-0.93x with 2 MiB copies,
- * 0.93-0.94x with 4 MiB and 0.95-0.97x with 8 MiB; 4 MiB keeps layer groups
- * short (4 layers of a bf16 chunk, 13 of an int4 one). At most a quarter of
- * a slot, so that a slot holds several payloads. */
-#define MIN_COPY (4ull << 20)
-
-/* The next piece of a staged load of n payloads of kp's shape, from layer
- * a (of those before stop), `left` bytes to go in all: whole layers [a, a +
- * *nl), bytes [*begin, *end) of each payload, laid out in a slot every
- * *stride bytes, *per payloads a piece. As many layers as fit
- * piece_target(left) for the payloads of one launch, or more - up to what
- * fits the target for one payload - until a payload's copy is MIN_COPY
- * long (a quarter of a slot at most); where they do not fit, their payloads
- * are split over pieces. With
- * one payload: pieces of whole layers that shrink towards the end (half of
- * what is left), so the kernel left after the last copy is a short one. */
-static void plan_piece(const kvt_gpu_layout *L, const kvt_gpu_kparams *kp, uint32_t a,
-                       uint32_t stop, uint32_t n, uint64_t left, uint32_t *nl, uint64_t *begin,
-                       uint64_t *end, uint64_t *stride, uint32_t *per) {
-  const uint64_t target = piece_target(L, left);
-  const uint32_t group = n < KVT_GPU_BATCH_MAX ? n : KVT_GPU_BATCH_MAX;
-  const uint64_t min_copy = MIN_COPY < L->slot_bytes / 4 ? MIN_COPY : L->slot_bytes / 4;
-  uint64_t nb, ne;
-  layer_span(kp, a, begin, end);
-  *nl = 1;
-  while (a + *nl < stop) {
-    layer_span(kp, a + *nl, &nb, &ne);
-    const uint64_t cur = kvt_gpu_align(*end - *begin, 256);
-    const uint64_t next = kvt_gpu_align(ne - *begin, 256);
-    if ((group * next > target && cur >= min_copy) || next > target)
-      break;
-    *end = ne;
-    (*nl)++;
-  }
-  *stride = kvt_gpu_align(*end - *begin, 256);
-  const uint64_t fit = target / *stride;
-  *per = fit < 1 ? 1 : fit > group ? group : (uint32_t)fit;
-}
-
 /* Pieces of whole layers, so the copy of one overlaps the kernel of the one
  * before and only the last piece's kernel is left after the copies end.
  * Each piece costs host calls and cross-stream waits, so there are few. A
@@ -1162,7 +1348,8 @@ static int load_staged(kvt_gpu_layout *L, const staged_item *it, uint32_t n,
   for (uint32_t a = kp->first; e == 0 && a < stop;) {
     uint64_t begin, end, stride;
     uint32_t nl, per, ni;
-    plan_piece(L, kp, a, stop, n, left, &nl, &begin, &end, &stride, &per);
+    plan_piece(L, kp, load_span, 0, a, stop, n, left, events && n > 1 && a == kp->first, &nl,
+               &begin, &end, &stride, &per);
     for (uint32_t i0 = 0; e == 0 && i0 < n; i0 += ni) {
       ni = n - i0 < per ? n - i0 : per;
       const uint32_t slot = take_slot(L);
@@ -1184,7 +1371,8 @@ static int load_staged(kvt_gpu_layout *L, const staged_item *it, uint32_t n,
       kvt_gpu_items items;
       kvt_gpu_sec_items checks;
       items.n = checks.n = ni;
-      items.reserved = checks.reserved = 0;
+      items.base = i0;
+      checks.reserved = 0;
       for (uint32_t k = 0; k < ni && ni > 1; k++) {
         uint8_t *body = (uint8_t *)((uintptr_t)(buf + k * stride) - begin);
         const kvt_gpu_item one = {body, it[i0 + k].slots, chk ? slot_gate(L, slot, k) : NULL};
@@ -1444,20 +1632,29 @@ static int batch_item(kvt_gpu_layout *L, const kvt_gpu_load_item *item, uint32_t
   return 0;
 }
 
-int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items, uint32_t n,
+/* Item k of an array whose items are items[0].struct_size bytes apart. */
+static const kvt_gpu_load_item *load_item(const kvt_gpu_load_item *items, uint32_t k) {
+  return (const kvt_gpu_load_item *)(const void *)((const char *)items +
+                                                   (size_t)k * items->struct_size);
+}
+
+int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items_, uint32_t n,
                        const kvt_gpu_load_params *p, void *stream) {
   if (!L)
     return -EINVAL;
   kvt_ctx *ctx = L->ctx;
   kvt_clear_error(ctx);
-  if (!items || !n || !p || p->struct_size < sizeof(*p))
+  if (!items_ || !n || !p || p->struct_size < sizeof(*p))
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_load_batch: NULL items or params, or old params");
+  if (items_->struct_size < sizeof(*items_))
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_load_batch: items[0].struct_size %zu, at least %zu "
+                    "(KVT_GPU_LOAD_ITEM_INIT)", items_->struct_size, sizeof(*items_));
   if (p->expect_key || p->slots || p->header || p->verdict)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_load_batch: expect_key, slots, header and verdict "
                     "are per payload (kvt_gpu_load_item), not in the shared params");
-  const int verdicts = items[0].verdict != NULL;
+  const int verdicts = load_item(items_, 0)->verdict != NULL;
   for (uint32_t k = 1; k < n; k++)
-    if ((items[k].verdict != NULL) != verdicts)
+    if ((load_item(items_, k)->verdict != NULL) != verdicts)
       return kvt_fail(ctx, -EINVAL, "kvt_gpu_load_batch: item %u %s a verdict and item 0 "
                       "%s: all items have one or none does", k,
                       verdicts ? "lacks" : "has", verdicts ? "has" : "does not");
@@ -1468,24 +1665,24 @@ int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items, uint32
    * decides whether the others' sections are hashed here. */
   kvt_payload_info first;
   kvt_gpu_kparams kp;
-  int rc = batch_item(L, &items[0], 0, p, &first, &kp, 0, &st[0]);
+  int rc = batch_item(L, load_item(items_, 0), 0, p, &first, &kp, 0, &st[0]);
   const int gpu_checked = rc == 0 && verdicts && L->staging && first.version_major >= 2 &&
                           !(p->flags & (KVT_GPU_LOAD_TRUST_HOST | KVT_GPU_LOAD_ZERO_COPY)) &&
                           stageable(L, &kp);
   const int host_check = !(p->flags & KVT_GPU_LOAD_TRUST_HOST) && !gpu_checked;
   if (rc == 0 && host_check)
-    rc = load_sections(ctx, items[0].payload, items[0].payload, first.version_major, &kp);
+    rc = load_sections(ctx, st[0].host, st[0].host, first.version_major, &kp);
   if (rc) {
     kvt_dealloc(ctx, st);
     return item_fail(ctx, 0, rc);
   }
   for (uint32_t k = 1; k < n; k++)
-    if ((rc = batch_item(L, &items[k], k, p, &first, &kp, host_check, &st[k])) != 0) {
+    if ((rc = batch_item(L, load_item(items_, k), k, p, &first, &kp, host_check, &st[k]))) {
       kvt_dealloc(ctx, st);
       return item_fail(ctx, k, rc);
     }
   for (uint32_t k = 0; k < n && verdicts; k++) {
-    kvt_gpu_verdict *v = items[k].verdict;
+    kvt_gpu_verdict *v = load_item(items_, k)->verdict;
     memset(v, 0, sizeof(*v));
     v->bad_section = UINT32_MAX;
     v->layer_begin = first.layer_begin;
@@ -1504,15 +1701,17 @@ int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items, uint32
     /* The kernels read host memory, up to KVT_GPU_BATCH_MAX payloads a
      * launch; layer events after the last group's layers. */
     kvt_gpu_items group;
-    group.reserved = 0;
     for (uint32_t i0 = 0; rc == 0 && i0 < n; i0 += group.n) {
       group.n = n - i0 < KVT_GPU_BATCH_MAX ? n - i0 : KVT_GPU_BATCH_MAX;
+      group.base = i0;
       for (uint32_t k = 0; k < group.n; k++) {
         const kvt_gpu_item one = {st[i0 + k].table, st[i0 + k].slots, NULL};
         group.it[k] = one;
       }
       rc = launch_layers(L, &kp, &group, i0 + group.n == n ? p->layer_events : NULL, 0, stream);
     }
+    if (rc) /* earlier groups' kernels may still read the payloads: let them end */
+      (void)kvt_gpurt_sync(stream);
   }
   kvt_dealloc(ctx, st);
   return rc;

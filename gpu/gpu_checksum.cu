@@ -192,14 +192,15 @@ __device__ void combine_sections(const kvt_gpu_sections &a0, const sec_batch<B> 
       mismatch(i, a.gate, a.verdict);
   }
   if (a0.done) {
-    __syncthreads();
-    if (threadIdx.x == 0)
-      __threadfence_system();
+    /* Every mismatch written (each fenced by its writer) before the
+     * barrier; each done after a fence of its own writer. */
     __syncthreads();
     for (uint32_t k = threadIdx.x; k < npay; k += nthreads) {
       const kvt_gpu_sections a = payload_of(a0, items, k);
-      if (a.verdict)
+      if (a.verdict) {
+        __threadfence_system();
         *reinterpret_cast<volatile uint32_t *>(a.verdict + KVT_GPU_VERDICT_DONE) = 1;
+      }
     }
   }
 }

@@ -211,6 +211,7 @@ struct sec_ctx {
   uint64_t size;        /* section bytes */
   uint64_t base;        /* engine address of layout layer's (block 0, off 0, head 0) */
   const int64_t *slots; /* the chunk's slots */
+  uint32_t item;        /* the payload's index in its batch (0 unbatched) */
 };
 
 /* The section of blockIdx.y of the payload at `payload` whose tokens are at
@@ -226,6 +227,7 @@ __device__ __forceinline__ sec_ctx section(const kvt_gpu_kparams &p, uint8_t *pa
   s.size = kvt_gpu_sec_size(&p, abs, s.kind);
   s.base = p.ptrs[s.kind * p.layout_layers + (abs - p.layout_begin)];
   s.slots = slots;
+  s.item = 0;
   return s;
 }
 
@@ -265,9 +267,16 @@ template <int DT, int C> __device__ __forceinline__ void load_x(const uint16_t *
     x[j] = h2f<DT>(v.h[j]);
 }
 
+/* The layer-scale maximum of this CTA's section (of its payload, in a
+ * batched store: one per section of each payload). */
+__device__ __forceinline__ float *amax_of(const kvt_gpu_kparams &p) {
+  return p.amax + (uint64_t)blockIdx.z * gridDim.y + blockIdx.y;
+}
+
 __device__ void report(const kvt_gpu_kparams &p, int code, const sec_ctx &s, uint32_t t,
                        uint32_t h, uint32_t d) {
   if (atomicCAS(&p.status->code, 0, code) == 0) {
+    p.status->item = s.item;
     p.status->layer = p.layer_begin + s.li;
     p.status->kind = s.kind;
     p.status->token = t;
@@ -458,7 +467,7 @@ template <int DT, int C> __device__ void store_layer_scaled(const kvt_gpu_kparam
                                                             const sec_ctx &s) {
   const float qmax = s.fmt == KVT_FMT_E4M3 ? 448.0f : 127.0f;
   float scale, inv;
-  scale_for(p.amax[blockIdx.y], qmax, &scale, &inv);
+  scale_for(*amax_of(p), qmax, &scale, &inv);
   if (blockIdx.x == 0 && threadIdx.x == 0)
     *reinterpret_cast<float *>(s.dst) = scale;
   uint8_t *codes = s.dst + codes_at(p, s);
@@ -648,9 +657,30 @@ template <int DT, int C> __device__ void store_i4_tok(const kvt_gpu_kparams &p,
   }
 }
 
-template <int DT, int C> __global__ void __launch_bounds__(THREADS)
-    store_kernel(const kvt_gpu_kparams p) {
-  const sec_ctx s = section(p);
+/* What a launch takes besides p: nothing, or a batch's items (payload
+ * blockIdx.z's address and slots). */
+template <bool B> struct launch_items {};
+template <> struct launch_items<true> {
+  kvt_gpu_items v;
+};
+
+/* The section of this CTA: of p's payload, or of its batch item's. */
+template <bool B>
+__device__ __forceinline__ sec_ctx section_of(const kvt_gpu_kparams &p,
+                                              const launch_items<B> &items) {
+  if constexpr (B) {
+    const kvt_gpu_item &it = items.v.it[blockIdx.z];
+    sec_ctx s = section(p, it.payload, it.slots);
+    s.item = items.v.base + blockIdx.z;
+    return s;
+  }
+  (void)items;
+  return section(p);
+}
+
+template <int DT, int C, bool B> __global__ void __launch_bounds__(THREADS)
+    store_kernel(const kvt_gpu_kparams p, const launch_items<B> items) {
+  const sec_ctx s = section_of(p, items);
   store_padding(p, s);
   switch (s.fmt) {
   case KVT_FMT_N16:
@@ -677,9 +707,9 @@ template <int DT, int C> __global__ void __launch_bounds__(THREADS)
 /* Layer-scale pre-pass: the largest |x| of each e4m3/i8 section into
  * p.amax[section] (zeroed before), by atomicMax on the bits of non-negative
  * floats (their order is the integers' order). */
-template <int DT, int C> __global__ void __launch_bounds__(THREADS)
-    amax_kernel(const kvt_gpu_kparams p) {
-  const sec_ctx s = section(p);
+template <int DT, int C, bool B> __global__ void __launch_bounds__(THREADS)
+    amax_kernel(const kvt_gpu_kparams p, const launch_items<B> items) {
+  const sec_ctx s = section_of(p, items);
   if (s.fmt != KVT_FMT_E4M3 && s.fmt != KVT_FMT_I8)
     return;
   const uint32_t cpr = p.head_dim / C;
@@ -700,7 +730,7 @@ template <int DT, int C> __global__ void __launch_bounds__(THREADS)
   }
   m = sub_max(m, 32);
   if ((threadIdx.x & 31) == 0)
-    atomicMax(reinterpret_cast<unsigned *>(&p.amax[blockIdx.y]), __float_as_uint(m));
+    atomicMax(reinterpret_cast<unsigned *>(amax_of(p)), __float_as_uint(m));
 }
 
 /* ---- load ---- */
@@ -845,14 +875,8 @@ template <int DT, int C> __device__ void load_rows(const kvt_gpu_kparams &p, con
   }
 }
 
-/* What a load launch takes besides p: nothing, or a batch's items. */
-template <bool B> struct load_items {};
-template <> struct load_items<true> {
-  kvt_gpu_items v;
-};
-
 template <int DT, int C, bool B> __global__ void __launch_bounds__(THREADS)
-    load_kernel(const kvt_gpu_kparams p, const load_items<B> items) {
+    load_kernel(const kvt_gpu_kparams p, const launch_items<B> items) {
   uint8_t *payload = p.payload;
   const int64_t *slots = p.slots;
   const uint32_t *gate = p.gate;
@@ -894,9 +918,11 @@ static dim3 grid_for(const kvt_gpu_kparams *p, uint64_t threads_per_section,
   return dim3((unsigned)x, sections, items);
 }
 
-template <int DT> static int launch_store(const kvt_gpu_kparams *p, cudaStream_t st) {
+template <int DT, bool B>
+static int launch_store(const kvt_gpu_kparams *p, const launch_items<B> &items, uint32_t n,
+                        cudaStream_t st) {
   const uint64_t threads = (uint64_t)p->tokens * p->heads * (p->head_dim / p->chunk);
-  const dim3 grid = grid_for(p, threads);
+  const dim3 grid = grid_for(p, threads, n);
   cudaError_t e = cudaSuccess;
   if (!(p->flags & KVT_GPU_KP_KEEP_STATUS) &&
       (e = cudaMemsetAsync(p->status, 0, sizeof(kvt_gpu_status), st)) != cudaSuccess)
@@ -904,30 +930,31 @@ template <int DT> static int launch_store(const kvt_gpu_kparams *p, cudaStream_t
   const bool scaled = p->fmt[0] == KVT_FMT_E4M3 || p->fmt[0] == KVT_FMT_I8 ||
                       p->fmt[1] == KVT_FMT_E4M3 || p->fmt[1] == KVT_FMT_I8;
   if (scaled && p->scale == KVT_SCALE_LAYER) {
-    if ((e = cudaMemsetAsync(p->amax, 0, 2 * p->count * sizeof(float), st)) != cudaSuccess)
+    if ((e = cudaMemsetAsync(p->amax, 0, (size_t)2 * p->count * n * sizeof(float), st)) !=
+        cudaSuccess)
       return (int)e;
     if (p->chunk == 16)
-      amax_kernel<DT, 16><<<grid, THREADS, 0, st>>>(*p);
+      amax_kernel<DT, 16, B><<<grid, THREADS, 0, st>>>(*p, items);
     else if (p->chunk == 8)
-      amax_kernel<DT, 8><<<grid, THREADS, 0, st>>>(*p);
+      amax_kernel<DT, 8, B><<<grid, THREADS, 0, st>>>(*p, items);
     else if (p->chunk == 2)
-      amax_kernel<DT, 2><<<grid, THREADS, 0, st>>>(*p);
+      amax_kernel<DT, 2, B><<<grid, THREADS, 0, st>>>(*p, items);
     else
-      amax_kernel<DT, 1><<<grid, THREADS, 0, st>>>(*p);
+      amax_kernel<DT, 1, B><<<grid, THREADS, 0, st>>>(*p, items);
   }
   if (p->chunk == 16)
-    store_kernel<DT, 16><<<grid, THREADS, 0, st>>>(*p);
+    store_kernel<DT, 16, B><<<grid, THREADS, 0, st>>>(*p, items);
   else if (p->chunk == 8)
-    store_kernel<DT, 8><<<grid, THREADS, 0, st>>>(*p);
+    store_kernel<DT, 8, B><<<grid, THREADS, 0, st>>>(*p, items);
   else if (p->chunk == 2)
-    store_kernel<DT, 2><<<grid, THREADS, 0, st>>>(*p);
+    store_kernel<DT, 2, B><<<grid, THREADS, 0, st>>>(*p, items);
   else
-    store_kernel<DT, 1><<<grid, THREADS, 0, st>>>(*p);
+    store_kernel<DT, 1, B><<<grid, THREADS, 0, st>>>(*p, items);
   return (int)cudaGetLastError();
 }
 
 template <int DT, bool B>
-static int launch_load(const kvt_gpu_kparams *p, const load_items<B> &items, uint32_t n,
+static int launch_load(const kvt_gpu_kparams *p, const launch_items<B> &items, uint32_t n,
                        cudaStream_t st) {
   const uint64_t threads = (uint64_t)p->tokens * p->heads * (p->head_dim / p->chunk);
   const dim3 grid = grid_for(p, threads, n);
@@ -946,13 +973,27 @@ static int launch_load(const kvt_gpu_kparams *p, const load_items<B> &items, uin
 
 extern "C" int kvt_gpurt_store(const kvt_gpu_kparams *p, void *stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  return p->dtype == KVT_DTYPE_BF16 ? launch_store<KVT_DTYPE_BF16>(p, st)
-                                    : launch_store<KVT_DTYPE_F16>(p, st);
+  const launch_items<false> none;
+  return p->dtype == KVT_DTYPE_BF16 ? launch_store<KVT_DTYPE_BF16>(p, none, 1, st)
+                                    : launch_store<KVT_DTYPE_F16>(p, none, 1, st);
+}
+
+extern "C" int kvt_gpurt_store_batch(const kvt_gpu_kparams *p, const kvt_gpu_items *items,
+                                     void *stream) {
+  if (!items)
+    return kvt_gpurt_store(p, stream);
+  if (items->n == 0 || items->n > KVT_GPU_BATCH_MAX)
+    return (int)cudaErrorInvalidValue;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  launch_items<true> b;
+  b.v = *items;
+  return p->dtype == KVT_DTYPE_BF16 ? launch_store<KVT_DTYPE_BF16>(p, b, items->n, st)
+                                    : launch_store<KVT_DTYPE_F16>(p, b, items->n, st);
 }
 
 extern "C" int kvt_gpurt_load(const kvt_gpu_kparams *p, void *stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const load_items<false> none;
+  const launch_items<false> none;
   return p->dtype == KVT_DTYPE_BF16 ? launch_load<KVT_DTYPE_BF16>(p, none, 1, st)
                                     : launch_load<KVT_DTYPE_F16>(p, none, 1, st);
 }
@@ -964,7 +1005,7 @@ extern "C" int kvt_gpurt_load_batch(const kvt_gpu_kparams *p, const kvt_gpu_item
   if (items->n == 0 || items->n > KVT_GPU_BATCH_MAX)
     return (int)cudaErrorInvalidValue;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  load_items<true> b;
+  launch_items<true> b;
   b.v = *items;
   return p->dtype == KVT_DTYPE_BF16 ? launch_load<KVT_DTYPE_BF16>(p, b, items->n, st)
                                     : launch_load<KVT_DTYPE_F16>(p, b, items->n, st);

@@ -58,7 +58,7 @@ typedef struct kvt_gpu_status {
   int32_t code; /* 0, KVT_ENONFINITE or KVT_ERANGE: the first to set it wins */
   uint32_t layer, kind, token, head, dim;
   uint32_t bad_section; /* verify: the lowest section whose checksum differs, or ~0 */
-  uint32_t reserved;
+  uint32_t item;        /* a batched store: the payload (its index in the batch) */
 } kvt_gpu_status;
 KVT_GPU_STATIC_ASSERT(sizeof(kvt_gpu_status) == 32, "kvt_gpu_status is 32 bytes");
 
@@ -74,7 +74,7 @@ typedef struct kvt_gpu_kparams {
   const int64_t *slots;    /* device [tokens] */
   uint8_t *payload;        /* device-accessible address of payload byte 0 */
   kvt_gpu_status *status;  /* device; store only */
-  float *amax;             /* device [2 * count]: layer-scale maxima; store only */
+  float *amax;             /* device [items][2 * count]: layer-scale maxima; store only */
   int64_t stride_block, stride_token, stride_head;
   uint64_t slot_limit;     /* num_blocks * block_size */
   uint64_t header_size;
@@ -120,7 +120,8 @@ typedef struct kvt_gpu_item {
   const uint32_t *gate;
 } kvt_gpu_item;
 typedef struct kvt_gpu_items {
-  uint32_t n, reserved;
+  uint32_t n;
+  uint32_t base; /* the batch's index of it[0] (a store's status names the item) */
   kvt_gpu_item it[KVT_GPU_BATCH_MAX];
 } kvt_gpu_items;
 KVT_GPU_STATIC_ASSERT(sizeof(kvt_gpu_item) == 24, "kvt_gpu_item layout");
@@ -283,6 +284,9 @@ uint64_t kvt_gpurt_digest_words(uint32_t count, uint64_t max_stored);
  * and the status reset) or the load of p->count layers on stream. p is
  * copied into the launch. */
 int kvt_gpurt_store(const kvt_gpu_kparams *p, void *stream);
+/* The store of p's layers for items->n payloads of p's geometry, one launch
+ * (grid.z over the items); p->amax then holds 2 * p->count floats per item. */
+int kvt_gpurt_store_batch(const kvt_gpu_kparams *p, const kvt_gpu_items *items, void *stream);
 int kvt_gpurt_load(const kvt_gpu_kparams *p, void *stream);
 /* The load of p's layers for items->n payloads of p's geometry, one launch
  * (grid.z over the items). */

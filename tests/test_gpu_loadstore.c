@@ -1318,10 +1318,11 @@ static int item_layer_equal(const engine *e, const uint16_t *got, const uint16_t
 
 static int batch_load(kvt_gpu_layout *L, uint8_t *const *pay, const size_t *len,
                       const int64_t *dslots, const shape *s, kvt_gpu_verdict *v, uint32_t flags,
-                      void *const *events) {
+                      void *const *events, uint32_t layer_first, uint32_t layer_count) {
   kvt_gpu_load_item items[BATCH_N];
   for (uint32_t k = 0; k < BATCH_N; k++) {
-    const kvt_gpu_load_item it = {pay[k], len[k], dslots + (size_t)k * s->tokens, NULL,
+    const kvt_gpu_load_item it = {sizeof(it), pay[k], len[k], dslots + (size_t)k * s->tokens,
+                                  NULL,
                                   v ? &v[k] : NULL};
     items[k] = it;
   }
@@ -1329,24 +1330,30 @@ static int batch_load(kvt_gpu_layout *L, uint8_t *const *pay, const size_t *len,
   lp.tokens = s->tokens;
   lp.flags = flags;
   lp.layer_events = events;
+  lp.layer_first = layer_first;
+  lp.layer_count = layer_count;
   const int rc = kvt_gpu_load_batch(L, items, BATCH_N, &lp, stream);
   CUDA_OK(cudaStreamSynchronize(stream));
   return rc;
 }
 
-/* kvt_gpu_load_batch writes what a kvt_gpu_load of each payload writes -
- * verified on the GPU through the default staging and through slots that
- * hold one layer of 3 payloads (payloads split over pieces), checked on the
- * host and read in place (zero copy, 64 payloads a launch), trusted with
- * layer events. A flipped section byte of one payload is that payload's
- * verdict (KVT_ECHECKSUM, the section named), its failing layer is left
- * as it was and every other payload loads; checked on the host, the call
- * fails naming the item and loads nothing. Refused: mixed verdicts, shared
- * per-payload fields, another geometry, device memory, a foreign key. */
+/* kvt_gpu_store_batch_async writes the bytes single stores write, and
+ * names the chunk holding a NaN. kvt_gpu_load_batch writes what a
+ * kvt_gpu_load of each payload writes - verified on the GPU through the
+ * default staging and through slots that hold one layer of 3 payloads
+ * (payloads split over pieces), checked on the host and read in place (zero
+ * copy, 64 payloads a launch), trusted and verified with layer events (each
+ * recorded by the call), layers 1+2 of 4. A flipped section byte of one
+ * payload is that payload's verdict (KVT_ECHECKSUM, the section named), its
+ * failing piece's layers are left as they were and every other payload
+ * loads; checked on the host, the call fails naming the item and loads
+ * nothing. Refused: mixed verdicts, shared per-payload fields, another
+ * geometry, device memory, a foreign key; batched stores of another
+ * geometry, into device memory, without staging, a finish of other items. */
 static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void **state) {
   (void)state;
   const shape s = {4, 48, 2, 64};
-  static const char *const specs[] = {"raw", "k16v8", "int4", "fp8"};
+  static const char *const specs[] = {"raw", "k16v8", "int4", "fp8", "k=e4m3,v=i8,scale=layer"};
   engine e;
   engine_make(&e, LAY_VLLM, KVT_DTYPE_BF16, s.layers, BATCH_N * s.tokens + 3, 16, s.heads,
               s.head_dim);
@@ -1367,9 +1374,13 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
   kvt_gpu_layout *L = NULL;
   assert_int_equal(kvt_gpu_layout_create(ctx, &e.desc, &L), 0);
   kvt_gpu_verdict *v = pinned(BATCH_N * sizeof(*v));
+  /* Timed events: each must be recorded after a reference event of the
+   * call (an event never recorded, or recorded before, fails). */
   void *events[MAXL];
+  cudaEvent_t ref;
+  CUDA_OK(cudaEventCreate(&ref));
   for (uint32_t l = 0; l < s.layers; l++)
-    CUDA_OK(cudaEventCreateWithFlags((cudaEvent_t *)&events[l], cudaEventDisableTiming));
+    CUDA_OK(cudaEventCreate((cudaEvent_t *)&events[l]));
   const size_t cap = 4 * n_el + 65536;
   uint8_t *pay[BATCH_N];
   size_t len[BATCH_N];
@@ -1397,6 +1408,51 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
     kvt_gpu_layout *Ls = NULL;
     assert_int_equal(kvt_gpu_layout_create(ctx, &d, &Ls), 0);
 
+    /* Batched stores write the same bytes as single stores, through the
+     * default slots and through slots of one layer of 3 chunks. */
+    kvt_gpu_store_params bp[BATCH_N];
+    kvt_encode_params bep[BATCH_N];
+    kvt_gpu_store_item bitems[BATCH_N];
+    uint8_t *bpay = pinned((size_t)BATCH_N * cap);
+    for (uint32_t i = 0; i < BATCH_N; i++) {
+      bep[i] = ep;
+      memset(bep[i].key.bytes, (int)i, 16);
+      bp[i] = sp;
+      bp[i].encode = &bep[i];
+      bp[i].slots = dslots + (size_t)i * s.tokens;
+      const kvt_gpu_store_item it = {sizeof(it), &bp[i], bpay + (size_t)i * cap, cap, 0};
+      bitems[i] = it;
+    }
+    for (int m = 0; m < 2; m++) {
+      kvt_gpu_layout *Lb = m ? Ls : L;
+      memset(bpay, 0xEE, (size_t)BATCH_N * cap);
+      int rc = kvt_gpu_store_batch_async(Lb, bitems, BATCH_N, stream);
+      if (rc == 0)
+        rc = kvt_gpu_store_batch_finish(Lb, bitems, BATCH_N, stream);
+      if (rc)
+        fail_msg("%s: batched store %d: %s %s", specs[c], m, kvt_err_name(rc),
+                 kvt_ctx_last_error(ctx));
+      for (uint32_t i = 0; i < BATCH_N; i++)
+        if (bitems[i].len != len[i] || memcmp(bitems[i].dst, pay[i], len[i]) != 0)
+          fail_msg("%s: batched store %d: item %u differs from its single store", specs[c], m, i);
+    }
+    /* A NaN in one chunk's values (quantized unless raw): finish names the
+     * chunk; the cache is then restored. */
+    const uint32_t nan_item = c == 0 ? 0 : 1 + rnd() % (BATCH_N - 1);
+    const uint16_t nan16 = 0x7FC1;
+    CUDA_OK(cudaMemcpy((uint16_t *)e.dev[0][2] + eidx(&e, 1, nan_item * s.tokens + 3 + 7, 1, 5),
+                       &nan16, 2, cudaMemcpyHostToDevice));
+    int src = kvt_gpu_store_batch_async(Ls, bitems, BATCH_N, stream);
+    if (src == 0)
+      src = kvt_gpu_store_batch_finish(Ls, bitems, BATCH_N, stream);
+    char nan_what[48];
+    snprintf(nan_what, sizeof(nan_what), "item %u: V layer 2 token 7 head 1 dim 5", nan_item);
+    if (c == 0 ? src != 0 : src != KVT_ENONFINITE || !strstr(kvt_ctx_last_error(ctx), nan_what))
+      fail_msg("%s: NaN in item %u: %s %s", specs[c], nan_item, kvt_err_name(src),
+               kvt_ctx_last_error(ctx));
+    engine_upload(&e);
+    cudaFreeHost(bpay);
+
     engine_fill(&e, 0xFF);
     uint16_t *bg = engine_download(&e);
     for (uint32_t i = 0; i < BATCH_N; i++) {
@@ -1409,32 +1465,68 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
     uint16_t *want = engine_download(&e);
     assert_true(memcmp(want, bg, engine_bytes(&e)) != 0);
 
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < 5; m++) {
       static const char *const modes[] = {"verified on the GPU", "verified, 3 a slot",
-                                          "host-checked zero copy", "trusted, layer events"};
+                                          "host-checked zero copy", "trusted, layer events",
+                                          "verified, layer events"};
       engine_fill(&e, 0xFF);
       memset(v, 0xAB, BATCH_N * sizeof(*v));
       const uint32_t flags[] = {0, 0, KVT_GPU_LOAD_ZERO_COPY,
-                                KVT_GPU_LOAD_TRUST_HOST | KVT_GPU_LOAD_STAGED};
-      const int rc = batch_load(m % 2 ? Ls : L, pay, len, dslots, &s, m < 2 ? v : NULL,
-                                flags[m], m == 3 ? events : NULL);
+                                KVT_GPU_LOAD_TRUST_HOST | KVT_GPU_LOAD_STAGED, 0};
+      CUDA_OK(cudaEventRecord(ref, stream));
+      const int rc = batch_load(m % 2 ? Ls : L, pay, len, dslots, &s, m < 2 || m == 4 ? v : NULL,
+                                flags[m], m >= 3 ? events : NULL, 0, 0);
       if (rc)
         fail_msg("%s, %s: %s %s", specs[c], modes[m], kvt_err_name(rc), kvt_ctx_last_error(ctx));
-      for (uint32_t i = 0; i < BATCH_N && m < 2; i++) {
+      for (uint32_t i = 0; i < BATCH_N && (m < 2 || m == 4); i++) {
         const int vrc = kvt_gpu_verdict_check(m % 2 ? Ls : L, &v[i]);
         if (vrc)
           fail_msg("%s, %s: item %u verdict %s", specs[c], modes[m], i, kvt_err_name(vrc));
       }
-      for (uint32_t l = 0; l < s.layers && m == 3; l++)
-        CUDA_OK(cudaEventQuery((cudaEvent_t)events[l]));
+      for (uint32_t l = 0; l < s.layers && m >= 3; l++) {
+        float ms = -1;
+        if (cudaEventElapsedTime(&ms, ref, (cudaEvent_t)events[l]) != cudaSuccess || ms < 0)
+          fail_msg("%s, %s: layer %u's event was not recorded by the call", specs[c], modes[m],
+                   l);
+      }
       uint16_t *got = engine_download(&e);
       if (memcmp(got, want, engine_bytes(&e)) != 0)
         fail_msg("%s, %s: the cache differs from single loads'", specs[c], modes[m]);
       free(got);
     }
 
-    /* Flipped section bytes: a miss for that payload only. */
+    /* Layers 1 and 2 only: what single loads of them write. */
+    engine_fill(&e, 0xFF);
+    for (uint32_t i = 0; i < BATCH_N; i++) {
+      kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+      lp.tokens = s.tokens;
+      lp.slots = dslots + (size_t)i * s.tokens;
+      lp.layer_first = 1;
+      lp.layer_count = 2;
+      assert_int_equal(kvt_gpu_load(L, pay[i], len[i], &lp, stream), 0);
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    uint16_t *part = engine_download(&e);
+    for (int m = 0; m < 2; m++) {
+      engine_fill(&e, 0xFF);
+      const int rc = batch_load(m ? Ls : L, pay, len, dslots, &s, v, 0, NULL, 1, 2);
+      for (uint32_t i = 0; i < BATCH_N && rc == 0; i++)
+        assert_int_equal(kvt_gpu_verdict_check(L, &v[i]), 0);
+      uint16_t *got = engine_download(&e);
+      if (rc || memcmp(got, part, engine_bytes(&e)) != 0)
+        fail_msg("%s: layers 1+2 batched (%d): %s, or the cache differs from single loads'",
+                 specs[c], m, kvt_err_name(rc));
+      free(got);
+    }
+    free(part);
+
+    /* Flipped section bytes: a miss for that payload only - through slots
+     * of one layer of 3 payloads (only the flipped layer of that payload is
+     * left as it was) and through the default slots (one piece holds every
+     * layer of up to 64 payloads: none of that payload's layers is
+     * loaded). */
     for (int trial = 0; trial < 12; trial++) {
+      kvt_gpu_layout *Lf = trial % 2 ? L : Ls;
       const uint32_t j = rnd() % BATCH_N;
       kvt_payload_info info;
       assert_int_equal(kvt_payload_parse(ctx, pay[j], len[j], &info), 0);
@@ -1445,11 +1537,11 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
       const uint8_t bit = (uint8_t)(1u << (rnd() % 8));
       pay[j][at] ^= bit;
       engine_fill(&e, 0xFF);
-      int rc = batch_load(Ls, pay, len, dslots, &s, v, 0, NULL);
+      int rc = batch_load(Lf, pay, len, dslots, &s, v, 0, NULL, 0, 0);
       if (rc)
         fail_msg("%s: flip in item %u: the call failed: %s", specs[c], j, kvt_err_name(rc));
       for (uint32_t i = 0; i < BATCH_N; i++) {
-        const int vrc = kvt_gpu_verdict_check(Ls, &v[i]);
+        const int vrc = kvt_gpu_verdict_check(Lf, &v[i]);
         if (i == j && (vrc != KVT_ECHECKSUM || v[i].bad_section != sec))
           fail_msg("%s: flip in item %u section %u: verdict %s, bad section %u", specs[c], j,
                    sec, kvt_err_name(vrc), v[i].bad_section);
@@ -1460,7 +1552,7 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
       uint16_t *got = engine_download(&e);
       for (uint32_t i = 0; i < BATCH_N; i++)
         for (uint32_t l = 0; l < s.layers; l++) {
-          const int skipped = i == j && l == sec / 2;
+          const int skipped = i == j && (Lf == L || l == sec / 2);
           if (!item_layer_equal(&e, got, skipped ? bg : want, &s, i, l))
             fail_msg("%s: flip in item %u section %u: item %u layer %u is not %s", specs[c], j,
                      sec, i, l, skipped ? "untouched" : "loaded");
@@ -1468,7 +1560,7 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
       free(got);
       /* Checked on the host: the call fails, names the item, loads nothing. */
       engine_fill(&e, 0xFF);
-      rc = batch_load(L, pay, len, dslots, &s, NULL, 0, NULL);
+      rc = batch_load(L, pay, len, dslots, &s, NULL, 0, NULL, 0, 0);
       char want_item[32];
       snprintf(want_item, sizeof(want_item), "item %u:", j);
       if (rc != KVT_ECHECKSUM || !strstr(kvt_ctx_last_error(ctx), want_item))
@@ -1487,7 +1579,8 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
   /* Refusals, nothing launched. */
   kvt_gpu_load_item items[3];
   for (uint32_t i = 0; i < 3; i++) {
-    const kvt_gpu_load_item it = {pay[i], len[i], dslots + (size_t)i * s.tokens, NULL, &v[i]};
+    const kvt_gpu_load_item it = {sizeof(it), pay[i], len[i], dslots + (size_t)i * s.tokens,
+                                  NULL, &v[i]};
     items[i] = it;
   }
   kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
@@ -1521,6 +1614,35 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
   items[1].len = short_len;
   assert_int_equal(kvt_gpu_load_batch(L, items, 3, &lp, stream), KVT_ESHAPE);
   assert_non_null(strstr(kvt_ctx_last_error(ctx), "item 1:"));
+  /* Batched stores: another geometry, device memory, no staging, a finish
+   * of other items. */
+  kvt_gpu_store_params sp2 = sp;
+  sp2.layer_count = s.layers;
+  uint8_t *sdst[2] = {pinned(cap), pinned(cap)};
+  kvt_gpu_store_item sitems[2] = {{sizeof(sitems[0]), &sp2, sdst[0], cap, 0},
+                                  {sizeof(sitems[0]), &sp, sdst[1], cap, 0}};
+  assert_int_equal(kvt_gpu_store_batch_async(L, sitems, 2, stream), KVT_ESHAPE);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "item 1:"));
+  uint8_t *ddst = NULL;
+  CUDA_OK(cudaMalloc((void **)&ddst, cap));
+  sitems[1].params = &sp2;
+  sitems[1].dst = ddst;
+  assert_int_equal(kvt_gpu_store_batch_async(L, sitems, 2, stream), KVT_ENOTSUP);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "item 1:"));
+  cudaFree(ddst);
+  sitems[1].dst = sdst[1];
+  kvt_gpu_layout *L0 = NULL;
+  kvt_gpu_layout_desc d0 = e.desc;
+  d0.staging_bytes = 0;
+  assert_int_equal(kvt_gpu_layout_create(ctx, &d0, &L0), 0);
+  assert_int_equal(kvt_gpu_store_batch_async(L0, sitems, 2, stream), KVT_ENOTSUP);
+  kvt_gpu_layout_destroy(L0);
+  assert_int_equal(kvt_gpu_store_batch_async(L, sitems, 2, stream), 0);
+  assert_int_equal(kvt_gpu_store_batch_finish(L, sitems + 1, 1, stream), -EINVAL);
+  assert_int_equal(kvt_gpu_store_batch_finish(L, sitems, 2, stream), -EINVAL); /* forgotten */
+  cudaFreeHost(sdst[0]);
+  cudaFreeHost(sdst[1]);
+
   /* Device memory. */
   uint8_t *dpay = NULL;
   CUDA_OK(cudaMalloc((void **)&dpay, len[0]));
@@ -1534,6 +1656,7 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
 
   for (uint32_t l = 0; l < s.layers; l++)
     cudaEventDestroy((cudaEvent_t)events[l]);
+  cudaEventDestroy(ref);
   for (uint32_t i = 0; i < BATCH_N; i++)
     cudaFreeHost(pay[i]);
   cudaFreeHost(v);
@@ -1694,6 +1817,8 @@ int main(void) {
     return 77;
   }
   quick = getenv("KVT_GPU_TEST_QUICK") && atoi(getenv("KVT_GPU_TEST_QUICK"));
+  if (getenv("KVT_GPU_TEST_ONLY")) /* a pattern: the tests to run (compute-sanitizer) */
+    cmocka_set_test_filter(getenv("KVT_GPU_TEST_ONLY"));
   if (kvt_ctx_create(NULL, &ctx) != 0)
     return 1;
   cudaStream_t st;
@@ -1738,6 +1863,8 @@ static void test_gpu_calls_return_enotsup_without_cuda(void **state) {
   kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
   assert_int_equal(kvt_gpu_load(NULL, "x", 1, &lp, NULL), KVT_ENOTSUP);
   assert_int_equal(kvt_gpu_load_batch(NULL, NULL, 0, &lp, NULL), KVT_ENOTSUP);
+  assert_int_equal(kvt_gpu_store_batch_async(NULL, NULL, 0, NULL), KVT_ENOTSUP);
+  assert_int_equal(kvt_gpu_store_batch_finish(NULL, NULL, 0, NULL), KVT_ENOTSUP);
   size_t len;
   assert_int_equal(kvt_gpu_store(NULL, NULL, NULL, 0, &len, NULL), KVT_ENOTSUP);
   int kind;

@@ -108,6 +108,17 @@ class kvt_gpu_load_params(Structure):
     ]
 
 
+class kvt_gpu_load_item(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("payload", c_void_p),
+        ("len", c_size_t),
+        ("slots", c_void_p),
+        ("expect_key", POINTER(S.kvt_key)),
+        ("verdict", c_void_p),
+    ]
+
+
 class kvt_gpu_verdict(Structure):
     _fields_ = [
         ("done", c_uint32),
@@ -137,6 +148,8 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "kvt_gpu_load": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(kvt_gpu_load_params),
                              c_void_p]),
     "kvt_gpu_verdict_check": (c_int, [c_void_p, c_void_p]),
+    "kvt_gpu_load_batch": (c_int, [c_void_p, POINTER(kvt_gpu_load_item), c_uint32,
+                                   POINTER(kvt_gpu_load_params), c_void_p]),
 }
 
 
@@ -899,11 +912,14 @@ class PagedKV:
         threads while the ones before them load, each launched as soon as it
         and those before it are verified; device payloads are checked on the
         GPU. With verify_on_gpu every payload's sections are verified by the
-        GPU as it loads (load()), and the returned Transfer's wait() raises
-        the first failed verdict. Returns one Transfer for all. Raises the
-        first Error (a damaged, foreign or misshapen payload): the payloads
-        before it are loaded, none after it (treat the whole set as not
-        loaded)."""
+        GPU as it loads, and the returned Transfer's wait() raises the first
+        failed verdict (naming the payload's index); payloads in pinned host
+        memory of one geometry (codec, layers, token count) are then loaded
+        by batched launches (kvt_gpu_load_batch: a layer range of up to 64
+        chunks a kernel), others one call each (load()). Returns one
+        Transfer for all. Raises the first Error (a damaged, foreign or
+        misshapen payload): the payloads before it are loaded, none after it
+        (treat the whole set as not loaded; batched: none is)."""
         from .payload import verify
 
         n = len(payloads)
@@ -919,6 +935,11 @@ class PagedKV:
             host = mem_kind(addr) != MEM_DEVICE
             views.append((np.ctypeslib.as_array((ctypes.c_uint8 * ln).from_address(addr))
                           if host else None, ln, keep))
+        if verify_on_gpu and n and all(v[0] is not None for v in views):
+            batched = self._load_batch(payloads, block_ids, [v[1] for v in views], keys,
+                                       expect_fingerprint, stream)
+            if batched is not None:
+                return batched
         if verify_on_gpu:
             loads: List[Transfer] = []
             try:
@@ -961,6 +982,63 @@ class PagedKV:
         if last is None:
             raise ValueError("kvtier: load_many of no payloads")
         return Transfer(last._event, [views, last._keep])
+
+    def _load_batch(self, payloads: Sequence[Any], block_ids: Sequence[Any],
+                    lengths: Sequence[int], keys: Optional[Sequence[Optional[KeyLike]]],
+                    expect_fingerprint: Optional[KeyLike], stream: Any) -> Optional[Transfer]:
+        """load_many's batched path (host payloads verified on the GPU), or
+        None where the payloads do not share one geometry (nothing launched:
+        the caller loads them one by one)."""
+        torch = _torch()
+        n = len(payloads)
+        ts, sptr = self._stream(stream)
+        vsize = ctypes.sizeof(kvt_gpu_verdict)
+        verdicts = torch.zeros(n * vsize, dtype=torch.uint8, pin_memory=True)
+        items = (kvt_gpu_load_item * n)()
+        refs: List[Any] = []
+        lp = S.init(kvt_gpu_load_params)
+        if expect_fingerprint is not None:
+            fp = Key(expect_fingerprint).struct
+            refs.append(fp)
+            lp.expect_fingerprint = ctypes.pointer(fp)
+        with torch.cuda.stream(ts):
+            slots_all = []
+            for i in range(n):
+                addr, _, keep = _buffer(payloads[i], writable=False)
+                slots, ntok = self._slots(block_ids[i], None)
+                if i and ntok != lp.tokens:
+                    return None  # chunks of other lengths: one call each
+                lp.tokens = ntok
+                slots_all.append(slots)
+                refs.append(keep)
+                it = items[i]
+                it.struct_size = ctypes.sizeof(kvt_gpu_load_item)
+                it.payload, it.len, it.slots = addr, int(lengths[i]), slots.data_ptr()
+                it.verdict = verdicts.data_ptr() + i * vsize
+                if keys and keys[i] is not None:
+                    k = Key(keys[i]).struct
+                    refs.append(k)
+                    it.expect_key = ctypes.pointer(k)
+            loader = self._loaders.get()
+            try:
+                self._call(loader, lib.kvt_gpu_load_batch, items, n, ctypes.byref(lp), sptr)
+            except Error as e:
+                if e.code == ErrorCode.ESHAPE and "one geometry" in e.detail:
+                    return None
+                raise
+            finally:
+                self._loaders.put(loader)
+            done = torch.cuda.Event()
+            done.record(ts)
+
+        def check_all() -> None:
+            for i in range(n):
+                try:
+                    self._call(loader, lib.kvt_gpu_verdict_check, verdicts.data_ptr() + i * vsize)
+                except Error as e:
+                    raise Error(e.code, detail=f"load_many payload {i}: {e.detail}") from None
+
+        return Transfer(done, [slots_all, refs, items, verdicts], check_all)
 
     def _verdict_check(self, loader: "_Handle", verdict: Any) -> Optional[Callable[[], None]]:
         """What reads a GPU-verified load's verdict once its stream passed it

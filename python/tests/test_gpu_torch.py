@@ -305,6 +305,51 @@ def test_many_stores_seal_in_parallel_and_many_loads_verify_in_parallel() -> Non
     assert e.value.code == ErrorCode.EFOREIGN
 
 
+def test_load_many_verified_on_the_gpu_batches_chunks_and_names_a_bad_one() -> None:
+    """load_many(verify_on_gpu=True) of pinned chunks of one geometry goes
+    through kvt_gpu_load_batch: it restores what the decode gives; a
+    flipped byte in one chunk makes wait() raise KVT_ECHECKSUM naming that
+    chunk while the others are loaded; chunks of another geometry (the last
+    one in another codec) still load, one call each."""
+    raw, views = make_cache("LBNHC", seed=3)
+    kv = kg.PagedKV(views)
+    chunks = 20
+    src, dst = shuffled_ids(chunks, seed=17)
+    src_c = [src[i:i + 1] for i in range(chunks)]
+    dst_c = [dst[i:i + 1] for i in range(chunks)]
+    cap = (kv.store_bound(N, "k16v8") + 4095) // 4096 * 4096  # room for either codec
+    arena = kg.PinnedBuffer(cap * chunks)
+    outs = [arena.array[i * cap:(i + 1) * cap] for i in range(chunks)]
+    keys = [kvtier.Key(bytes([i + 1]) * 16) for i in range(chunks)]
+    lens = kv.store_many(src_c, outs, keys=keys, codec="int4")
+    want = [kvtier.decode(bytes(outs[i][:lens[i]])) for i in range(chunks)]
+    kv.load_many(outs, dst_c, lengths=lens, keys=keys, verify_on_gpu=True).wait()
+    for i in range(chunks):
+        k_dst, v_dst = gather(views, dst_c[i])
+        assert np.array_equal(k_dst, want[i][0]) and np.array_equal(v_dst, want[i][1])
+    raw.zero_()
+    outs[7][lens[7] - 40] ^= 4  # the last section of chunk 7
+    t = kv.load_many(outs, dst_c, lengths=lens, keys=keys, verify_on_gpu=True)
+    with pytest.raises(kvtier.Error) as e:
+        t.wait()
+    assert e.value.code == ErrorCode.ECHECKSUM and "load_many payload 7:" in e.value.detail
+    with pytest.raises(kvtier.Error):
+        t.wait()  # every time
+    for i in range(chunks):
+        if i != 7:
+            assert np.array_equal(gather(views, dst_c[i])[0], want[i][0]), i
+    outs[7][lens[7] - 40] ^= 4
+    # The last chunk in another codec: another geometry, loaded one by one.
+    n_last = kv.store(src_c[-1], outs[-1], codec="k16v8", key=keys[-1])
+    raw.zero_()
+    kv.load_many(outs, dst_c, lengths=lens[:-1] + [n_last], keys=keys,
+                 verify_on_gpu=True).wait()
+    k_last, v_last = gather(views, dst_c[-1])
+    dec = kvtier.decode(bytes(outs[-1][:n_last]))
+    assert np.array_equal(k_last, dec[0]) and np.array_equal(v_last, dec[1])
+    assert np.array_equal(gather(views, dst_c[0])[0], want[0][0])
+
+
 def test_fp8_mla_and_mixed_layers_are_refused() -> None:
     _, views = make_cache()
     fp8 = [v.view(torch.uint8)[..., : 2 * D].view(torch.float8_e4m3fn) for v in views]

@@ -41,7 +41,10 @@ static const char offload_help[] =
     "            checksum on the GPU as the payload is staged; the verdict read\n"
     "            and the loan returned once the stream passed the load (32 loans\n"
     "            out at most)\n"
-    "  trusted   the same with KVT_GPU_LOAD_TRUST_HOST: no section checksums, a\n"
+    "  batch     the same loans, 16 at a time loaded by one kvt_gpu_load_batch\n"
+    "            (launches of a layer range of many chunks, each chunk verified on\n"
+    "            the GPU with its own verdict), two batches in flight\n"
+    "  trusted   the same as load with KVT_GPU_LOAD_TRUST_HOST: no checksums, a\n"
     "            partial figure shown beside the verified one, never instead\n"
     "  nvme ld   per chunk: a get from the nvme tier (which checks its file's\n"
     "            header, key and XXH3) into one of 8 pinned 4 KiB-aligned buffers,\n"
@@ -698,6 +701,66 @@ static int phase_load_dram(obench *b, uint32_t chunk, uint32_t flags, double *se
   return rc ? rc : r;
 }
 
+/* load, batched: the same loans, LOANS / 2 at a time loaded by one
+ * kvt_gpu_load_batch (verified on the GPU, a verdict each), two batches in
+ * flight; a batch's loans are returned once the stream passed it. */
+static int phase_load_dram_batched(obench *b, uint32_t chunk, double *secs) {
+  enum { HALF = LOANS / 2 };
+  const uint32_t n = b->tokens / chunk;
+  kvt_tier_loan loans[LOANS];
+  kvt_key keys[LOANS];
+  kvt_gpu_load_item items[HALF];
+  uint32_t out[2] = {0, 0};
+  int rc = 0;
+  const double t0 = cli_now();
+  for (uint32_t j = 0, g = 0; j < n && !rc; g ^= 1) {
+    const uint32_t base = g * HALF;
+    if (out[g]) { /* this half's previous batch: wait, check, give back */
+      rc = cu(cudaEventSynchronize(b->ev[g]), "load event");
+      for (uint32_t k = 0; k < out[g]; k++) {
+        if (!rc)
+          rc = verdict_of(b, OFFLOAD_LOAD_FLAGS, base + k);
+        kvt_tier_return(b->dram, &loans[base + k]);
+      }
+      out[g] = 0;
+      if (rc)
+        break;
+    }
+    const uint32_t cnt = n - j < HALF ? n - j : HALF;
+    for (uint32_t k = 0; k < cnt && !rc; k++) {
+      keys[base + k] = key_of(chunk, j + k);
+      if ((rc = kvt_tier_borrow(b->dram, &keys[base + k], &loans[base + k]))) {
+        rc = tier_fail("borrow from the dram tier", rc);
+        break;
+      }
+      out[g]++;
+      const kvt_gpu_load_item it = {sizeof(it), loans[base + k].data, (size_t)loans[base + k].len,
+                                    b->slots + b->tokens + (size_t)(j + k) * chunk,
+                                    &keys[base + k], &b->verdicts[base + k]};
+      items[k] = it;
+    }
+    if (rc)
+      break;
+    kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+    lp.tokens = chunk;
+    lp.flags = OFFLOAD_LOAD_FLAGS;
+    if ((rc = kvt_gpu_load_batch(b->L, items, cnt, &lp, b->st)) != 0)
+      rc = kv_fail(b, "batched GPU load", rc);
+    else
+      rc = cu(cudaEventRecord(b->ev[g], b->st), "event record");
+    j += cnt;
+  }
+  int r = cu(cudaStreamSynchronize(b->st), "load");
+  for (uint32_t g = 0; g < 2; g++)
+    for (uint32_t k = 0; k < out[g]; k++) {
+      if (!r && !rc)
+        r = verdict_of(b, OFFLOAD_LOAD_FLAGS, g * HALF + k);
+      kvt_tier_return(b->dram, &loans[g * HALF + k]);
+    }
+  *secs = cli_now() - t0;
+  return rc ? rc : r;
+}
+
 static int get_submit(obench *b, uint32_t chunk, uint32_t j, kvt_tier_op *op, int *busy) {
   const kvt_key key = key_of(chunk, j);
   kvt_tier_op_init(op, KVT_TIER_GET, &key, b->pin + (size_t)(j % NVME_QD) * b->each, b->each,
@@ -764,7 +827,7 @@ static int delete_all(obench *b, uint32_t chunk) {
 
 typedef struct orow {
   uint64_t payload; /* bytes of the context's payloads */
-  double t[5];      /* medians, seconds: store, ->nvme, load, trusted, nvme ld */
+  double t[6];      /* medians, seconds: store, ->nvme, load, trusted, nvme ld, batched */
 } orow;
 
 /* One iteration of every phase of one codec; the last one also checks. */
@@ -781,6 +844,12 @@ static int iterate(obench *b, const kvt_codec_spec *spec, int decode, uint32_t c
     rc = phase_load_dram(b, chunk, OFFLOAD_LOAD_FLAGS, &t[2]);
   if (!rc && last)
     rc = check_samples(b, chunk, decode, "load from dram");
+  if (!rc && last)
+    rc = poison_samples(b, chunk);
+  if (!rc)
+    rc = phase_load_dram_batched(b, chunk, &t[5]);
+  if (!rc && last)
+    rc = check_samples(b, chunk, decode, "batched load from dram");
   if (!rc && b->nvme && last)
     rc = poison_samples(b, chunk);
   if (!rc && b->nvme)
@@ -796,12 +865,12 @@ static int run_codec(obench *b, const char *name, uint32_t chunk, orow *out) {
   int rc = kvt_codec_parse(b->ctx, name, &spec);
   if (rc)
     return kv_fail(b, name, rc);
-  double t[MAX_ITERS + 1][5], col[MAX_ITERS];
+  double t[MAX_ITERS + 1][6], col[MAX_ITERS];
   memset(t, 0, sizeof(t));
   for (uint32_t it = 0; it <= b->iters && !rc; it++)
     rc = iterate(b, &spec, strcmp(name, "raw") != 0, chunk, it == b->iters, &out->payload,
                  t[it]);
-  for (int k = 0; k < 5 && !rc; k++) {
+  for (int k = 0; k < 6 && !rc; k++) {
     for (uint32_t it = 1; it <= b->iters; it++)
       col[it - 1] = t[it][k];
     out->t[k] = median(col, b->iters);
@@ -828,10 +897,11 @@ static void print_baselines(const obench *b, const obase *o) {
 static void print_header(const obench *b, uint32_t chunk) {
   printf("\nchunks of %u tokens (%u payloads of 32 layers); GB/s of bf16 K+V; x: ratio to "
          "the baseline\n", chunk, b->tokens / chunk);
-  printf("%-8s %8s %6s %7s %6s %7s %7s %6s %6s %8s %8s %6s\n", "codec", "payload", "ratio",
-         "store", "x blk", "->nvme", "load", "x blk", "x ctg", "trusted", "nvme ld", "x blk");
-  printf("%-8s %8s %6s %7s %6s %7s %7s %6s %6s %8s %8s %6s\n", "", "MiB", "", "GB/s", "D2H",
-         "GB/s", "GB/s", "H2D", "H2D", "GB/s", "GB/s", "H2D");
+  printf("%-8s %8s %6s %7s %6s %7s %7s %6s %6s %7s %6s %8s %8s %6s\n", "codec", "payload",
+         "ratio", "store", "x blk", "->nvme", "load", "x blk", "x ctg", "batch", "x ctg",
+         "trusted", "nvme ld", "x blk");
+  printf("%-8s %8s %6s %7s %6s %7s %7s %6s %6s %7s %6s %8s %8s %6s\n", "", "MiB", "", "GB/s",
+         "D2H", "GB/s", "GB/s", "H2D", "H2D", "GB/s", "H2D", "GB/s", "GB/s", "H2D");
 }
 
 static void print_row(const obench *b, const char *name, const orow *r, const obase *o) {
@@ -844,7 +914,8 @@ static void print_row(const obench *b, const char *name, const orow *r, const ob
     printf("%7.1f ", kv / r->t[1]);
   else
     printf("%7s ", "-");
-  printf("%7.1f %6.2f %6.2f %8.1f ", ld, ld / h2d, ld / ctg, kv / r->t[3]);
+  printf("%7.1f %6.2f %6.2f %7.1f %6.2f %8.1f ", ld, ld / h2d, ld / ctg, kv / r->t[5],
+         kv / r->t[5] / ctg, kv / r->t[3]);
   if (b->nvme)
     printf("%8.1f %6.2f\n", kv / r->t[4], (kv / r->t[4]) / h2d);
   else

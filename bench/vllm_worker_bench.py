@@ -225,7 +225,7 @@ def main(argv: Sequence[str]) -> int:
         return out
 
     from kvtier.vllm.config import PluginConfig
-    default_threads = PluginConfig(tiers="dram:1GiB").threads
+    default_threads = PluginConfig(tiers="dram:1GiB").transfer_threads
     wthreads = [int(t) for t in a.worker_threads.split(",")]
     modes = {f"w{t}": (t, a.store_job_tokens, a.tokens) for t in wthreads}
     main_mode = f"w{default_threads}" if default_threads in wthreads else f"w{wthreads[-1]}"

@@ -35,7 +35,7 @@ class DeviceSpec:
     tp_rank: int
     tp_size: int
     kv_cache_layout: Optional[str]  # vLLM's resolved layout name ("LBHNC", ...)
-    threads: int = 8  # the worker's transfer threads (each calls the device)
+    threads: int = 4  # the worker's transfer threads (each calls the device)
 
 
 def _load_factory(path: str) -> Callable[[DeviceSpec], KVDevice]:
@@ -103,7 +103,7 @@ class KvtierOffloadingSpec(OffloadingSpec):
                               shape=self.shape, codec=self.plugin.codec, fingerprint=fp,
                               tp_rank=p.rank, tp_size=p.tp_size,
                               kv_cache_layout=self.config.kv_cache_layout,
-                              threads=self.plugin.threads)
+                              threads=self.plugin.transfer_threads)
         factory = _load_factory(self.plugin.device) if self.plugin.device else _cuda_device
         device = factory(dev_spec)
         tiers = self.plugin.rank_tiers(p.rank, p.tp_size, p.world_size, p.data_parallel_index,
@@ -111,5 +111,5 @@ class KvtierOffloadingSpec(OffloadingSpec):
         cache = Cache(tiers, fingerprint=fp, chunk_tokens=self.chunk_tokens,
                       write_through=self.plugin.write_through, verify=self.plugin.verify)
         self._worker = KvtierWorker(device, cache, fp, self.chunk_tokens, self.blocks_per_chunk,
-                                    threads=self.plugin.threads)
+                                    threads=self.plugin.transfer_threads)
         return self._worker

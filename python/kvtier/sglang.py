@@ -273,6 +273,16 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     # --- setup -------------------------------------------------------------------
 
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """A hybrid model's extra pool (Mamba state, sliding-window, DSA
+        indexer: SGLang's HybridCacheController registers them here): not
+        stored by kvtier, refused at attach rather than failing later in
+        batch_get_v2 / batch_set_v2."""
+        raise _refuse(f"host pool {host_pool_name!r} ({type(host_pool).__name__})",
+                      "hybrid models' extra pools (Mamba state, sliding window, DSA indexer) "
+                      "are not supported: kvtier stores the K/V pages of MHA models only. Use "
+                      "another --hicache-storage-backend")
+
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         super().register_mem_pool_host(mem_pool_host)
         g = page_geometry(mem_pool_host, self.storage_config)

@@ -260,6 +260,9 @@ def test_what_the_backend_refuses(tmp_path: Path) -> None:
         backend.register_mem_pool_host(host32)
     with pytest.raises(Refused, match="interface_v1"):
         backend.get("k")
+    # A hybrid model's sidecar pool, as HybridCacheController registers it.
+    with pytest.raises(Refused, match="hybrid models"):
+        backend.register_mem_host_pool_v2(make_host("page_first"), "mamba")
 
 
 def test_host_indices_must_cover_whole_pages(tmp_path: Path) -> None:

@@ -537,6 +537,10 @@ static int batch_iterate(gbench *g, bset *b, kvt_gpu_store_params *sp, double *t
   t[7] = cli_now() - t0;
   if (rc)
     return kv_fail(g, "batched store", rc);
+  for (uint32_t j = 0; j < b->n && !rc; j++) /* untimed: what the batch sealed is valid */
+    rc = kvt_payload_verify(g->ctx, b->pin + j * b->each, b->stores[j].len, NULL);
+  if (rc)
+    return kv_fail(g, "verify of a batch-stored payload", rc);
   cudaStreamSynchronize(g->st);
   t0 = cli_now();
   for (uint32_t j = 0; j < b->n && !rc; j++)

@@ -151,8 +151,9 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--store-job-tokens", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=8, help="threads of the handle bench's "
                     "store_many/load_many")
-    ap.add_argument("--worker-threads", default="2,4,8", help="the worker's transfer threads, "
-                    "one timed run each")
+    ap.add_argument("--worker-threads", default="2,4,8,4c", help="the worker's transfer "
+                    "threads, one timed run each; N'c': N threads loading chunk by chunk (the "
+                    "device without load_many, as before 0.3.3)")
     ap.add_argument("--dram", default="12GiB", help="the cache's dram tier size")
     ap.add_argument("--pagecopy-lib", help="a built bench/vllm_offload_pagecopy.cu")
     ap.add_argument("--out", help="also write the report here")
@@ -226,14 +227,29 @@ def main(argv: Sequence[str]) -> int:
 
     from kvtier.vllm.config import PluginConfig
     default_threads = PluginConfig(tiers="dram:1GiB").transfer_threads
-    wthreads = [int(t) for t in a.worker_threads.split(",")]
-    modes = {f"w{t}": (t, a.store_job_tokens, a.tokens) for t in wthreads}
-    main_mode = f"w{default_threads}" if default_threads in wthreads else f"w{wthreads[-1]}"
+    modes = {f"w{t}": (int(t.rstrip("c")), a.store_job_tokens, a.tokens, t.endswith("c"))
+             for t in a.worker_threads.split(",")}
+    wthreads = [m[0] for m in modes.values() if not m[3]]
+    main_mode = f"w{default_threads}" if default_threads in wthreads else list(modes)[-1]
+
+    class PerChunk:
+        """The device without load_many: the worker loads chunk by chunk."""
+
+        def __init__(self, dev: Any) -> None:
+            self._dev = dev
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "load_many":
+                raise AttributeError(name)
+            return getattr(self._dev, name)
+
     res: Dict[Tuple[str, str], Dict[str, Any]] = {}
     for codec in a.codecs.split(","):
         fp = model_fingerprint(MODEL, shape, codec, 0, 1)
-        for mode, (threads, st_tokens, ld_tokens) in modes.items():
+        for mode, (threads, st_tokens, ld_tokens, per_chunk_loads) in modes.items():
             device = CudaDevice(views, shape, codec, fp, threads)
+            if per_chunk_loads:
+                device = PerChunk(device)
             cache = kvtier.Cache(f"dram:{a.dram}", fingerprint=fp, chunk_tokens=a.chunk_tokens,
                                  write_through=True)
             worker = KvtierWorker(device, cache, fp, a.chunk_tokens, per_chunk, threads=threads)
@@ -275,8 +291,10 @@ def main(argv: Sequence[str]) -> int:
                 for obj, name in ((cache, "query"), (cache, "put"), (cache, "get_into"),
                                   (cache, "borrow"), (cache, "reserve"),
                                   (kvtier.Reservation, "publish"),
-                                  (device, "store"), (device, "load")):
-                    bd.wrap(obj, name, name)
+                                  (device, "store"), (device, "load"),
+                                  (device, "load_many")):
+                    if hasattr(obj, name):
+                        bd.wrap(obj, name, name)
                 clear()
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -325,10 +343,11 @@ def main(argv: Sequence[str]) -> int:
         f"head dim {D}, bf16, vLLM layout {a.layout}: {kv_bytes / 2**30:.2f} GiB of K/V; cache "
         f"of {B} blocks, shuffled ids (same as the handle bench); {nchunks} payloads of "
         f"{a.chunk_tokens} tokens; cache dram:{a.dram}; median of {a.iters}")
-    for mode, (threads, st, ld) in modes.items():
+    for mode, (threads, st, ld, per_chunk_loads) in modes.items():
         r = next(v for (c, m), v in res.items() if m == mode)
         say(f"# worker '{mode}': {threads} transfer threads"
-            f"{' (the plug-in default)' if threads == default_threads else ''}; store = "
+            f"{', chunk by chunk' if per_chunk_loads else ''}"
+            f"{' (the plug-in default)' if mode == main_mode else ''}; store = "
             f"{r['jobs'][0]} jobs of {st} tokens, load = {r['jobs'][1]} jobs of {ld} tokens")
     say("")
     say("# baselines, same process (GB/s of bf16 K/V, blocks <-> pinned host memory)")
@@ -373,7 +392,8 @@ def main(argv: Sequence[str]) -> int:
         "thread-ms in each call, summed over the transfer threads (so calls sum past the "
         "wall); device.store = kernel + GPU seal (into a block reserved in the dram tier: "
         "reserve, then publish = header check + index), device.load = header check + "
-        "staged H2D + GPU checksums + kernel, waited for with its verdict, put = a copy into "
+        "staged H2D + GPU checksums + kernel, waited for with its verdict, device.load_many "
+        "= the same for a group of up to 16 chunks (batched launches), put = a copy into "
         "the dram tier (when a store cannot reserve), borrow = the "
         "loan of a payload in place")
     def owner(call: str) -> str:

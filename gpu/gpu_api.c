@@ -1000,16 +1000,15 @@ int kvt_gpu_store_batch_async(kvt_gpu_layout *L, kvt_gpu_store_item *items_, uin
     return -EINVAL;
   kvt_ctx *ctx = L->ctx;
   kvt_clear_error(ctx);
-  L->sealed_dst = NULL;
-  L->batch_dst = NULL;
   if (!items_ || !n)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_batch_async: no items");
   if (items_->struct_size < sizeof(*items_))
-    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_batch_async: store_item(items_, 0)->struct_size %zu, at "
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_batch_async: items[0].struct_size %zu, at "
                     "least %zu (KVT_GPU_STORE_ITEM_INIT)", items_->struct_size, sizeof(*items_));
   store_target *t = kvt_alloc(ctx, (size_t)n * sizeof(*t), 64);
   if (!t)
     return kvt_fail(ctx, -ENOMEM, "kvt_gpu_store_batch_async: %u items", n);
+  const kvt_gpu_store_params *p0 = items_->params; /* item 0's: the batch's geometry */
   kvt_codec_spec spec0;
   uint32_t ml0 = 0;
   uint64_t size0 = 0;
@@ -1017,7 +1016,8 @@ int kvt_gpu_store_batch_async(kvt_gpu_layout *L, kvt_gpu_store_item *items_, uin
   int rc = 0;
   uint32_t k = 0;
   for (; k < n && rc == 0; k++) {
-    const kvt_gpu_store_params *p = store_item(items_, k)->params;
+    const kvt_gpu_store_item *it = store_item(items_, k);
+    const kvt_gpu_store_params *p = it->params;
     kvt_codec_spec spec;
     uint32_t ml = 0;
     uint64_t size = 0;
@@ -1034,37 +1034,35 @@ int kvt_gpu_store_batch_async(kvt_gpu_layout *L, kvt_gpu_store_item *items_, uin
       ml0 = ml;
       size0 = size;
     } else if (memcmp(&spec, &spec0, sizeof(spec)) != 0 || ml != ml0 ||
-               p->encode->layer_begin != store_item(items_, 0)->params->encode->layer_begin ||
-               p->layer_count != store_item(items_, 0)->params->layer_count ||
-               p->tokens != store_item(items_, 0)->params->tokens) {
+               p->encode->layer_begin != p0->encode->layer_begin ||
+               p->layer_count != p0->layer_count || p->tokens != p0->tokens) {
       rc = kvt_fail(ctx, KVT_ESHAPE, "its spec, layers %u+%u of %u or %u tokens differ from "
                     "item 0's (%u+%u of %u, %u tokens): a batch's chunks share one geometry",
                     p->encode->layer_begin, p->layer_count, ml, p->tokens,
-                    store_item(items_, 0)->params->encode->layer_begin, store_item(items_, 0)->params->layer_count, ml0,
-                    store_item(items_, 0)->params->tokens);
+                    p0->encode->layer_begin, p0->layer_count, ml0, p0->tokens);
       break;
     }
-    if (!store_item(items_, k)->dst) {
+    if (!it->dst) {
       rc = kvt_fail(ctx, -EINVAL, "NULL destination");
       break;
     }
-    if (size > store_item(items_, k)->cap) {
+    if (size > it->cap) {
       rc = kvt_fail(ctx, KVT_ENOBUFS, "payload needs %" PRIu64 " bytes, %zu given", size,
-                    store_item(items_, k)->cap);
+                    it->cap);
       break;
     }
-    if ((rc = payload_addr(ctx, store_item(items_, k)->dst, &kind, &dev)) != 0)
+    if ((rc = payload_addr(ctx, it->dst, &kind, &dev)) != 0)
       break;
     if (kind != KVT_GPU_MEM_PINNED) {
       rc = kvt_fail(ctx, KVT_ENOTSUP, "the destination at %p is device memory: a batch "
-                    "stores into pinned host memory (use kvt_gpu_store_async)", store_item(items_, k)->dst);
+                    "stores into pinned host memory (use kvt_gpu_store_async)", it->dst);
       break;
     }
     if (k == 0 && (rc = fill_kparams(L, &spec, p->tokens, p->encode->layer_begin,
                                      p->layer_count, 0, p->layer_count, p->slots, dev, 0,
                                      &kp)) != 0)
       break;
-    const store_target one = {store_item(items_, k)->dst, dev, p->slots};
+    const store_target one = {it->dst, dev, p->slots};
     t[k] = one;
   }
   if (rc) /* k: the item that failed */
@@ -1073,17 +1071,21 @@ int kvt_gpu_store_batch_async(kvt_gpu_layout *L, kvt_gpu_store_item *items_, uin
     rc = kvt_fail(ctx, KVT_ENOTSUP, "kvt_gpu_store_batch_async: the handle has no staging "
                   "memory, or a layer of the chunk is larger than a staging slot (%" PRIu64
                   " bytes): use kvt_gpu_store_async", L->slot_bytes);
-  if (rc) {
+  if (rc) { /* nothing launched: a store or batch in flight keeps its finish */
     kvt_dealloc(ctx, t);
     return rc;
   }
-  for (k = 0; k < n; k++)
-    put_header(store_item(items_, k)->params, &spec0, L->d.dtype, L->d.heads, L->d.head_dim, ml0, &kp, size0,
-               store_item(items_, k)->dst);
+  L->sealed_dst = NULL;
+  L->batch_dst = NULL;
+  for (k = 0; k < n; k++) {
+    kvt_gpu_store_item *it = store_item(items_, k);
+    put_header(it->params, &spec0, L->d.dtype, L->d.heads, L->d.head_dim, ml0, &kp, size0,
+               it->dst);
+  }
   if ((rc = store_staged(L, &kp, t, n, size0, stream)) == 0) {
     for (k = 0; k < n; k++)
       store_item(items_, k)->len = (size_t)size0;
-    L->batch_dst = store_item(items_, 0)->dst;
+    L->batch_dst = items_->dst;
     L->batch_n = n;
   }
   kvt_dealloc(ctx, t);
@@ -1098,13 +1100,13 @@ int kvt_gpu_store_batch_finish(kvt_gpu_layout *L, kvt_gpu_store_item *items, uin
   kvt_clear_error(ctx);
   const int ours = items && n && items->struct_size >= sizeof(*items) && L->batch_dst &&
                    L->batch_dst == items->dst && L->batch_n == n;
+  if (!ours) /* the batch in flight, if any, keeps its finish */
+    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_batch_finish: not the items the last "
+                    "kvt_gpu_store_batch_async on this handle stored");
   L->batch_dst = NULL;
   int e = kvt_gpurt_sync(stream);
   if (e)
     return cuda_fail(ctx, e, "cudaStreamSynchronize after the batched store");
-  if (!ours)
-    return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_batch_finish: not the items the last "
-                    "kvt_gpu_store_batch_async on this handle stored");
   if ((e = store_status(L, 1)) != 0)
     return e;
   for (uint32_t k = 0; k < n; k++)

@@ -1614,8 +1614,8 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
   items[1].len = short_len;
   assert_int_equal(kvt_gpu_load_batch(L, items, 3, &lp, stream), KVT_ESHAPE);
   assert_non_null(strstr(kvt_ctx_last_error(ctx), "item 1:"));
-  /* Batched stores: another geometry, device memory, no staging, a finish
-   * of other items. */
+  /* Batched stores: another geometry, device memory, no staging, an old
+   * item size, a finish of other items. */
   kvt_gpu_store_params sp2 = sp;
   sp2.layer_count = s.layers;
   uint8_t *sdst[2] = {pinned(cap), pinned(cap)};
@@ -1637,9 +1637,24 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
   assert_int_equal(kvt_gpu_layout_create(ctx, &d0, &L0), 0);
   assert_int_equal(kvt_gpu_store_batch_async(L0, sitems, 2, stream), KVT_ENOTSUP);
   kvt_gpu_layout_destroy(L0);
+  /* A batch in flight survives a refused batch call and a finish of other
+   * items: its own finish seals it. */
   assert_int_equal(kvt_gpu_store_batch_async(L, sitems, 2, stream), 0);
+  kvt_gpu_store_item bad[2] = {sitems[0], sitems[1]};
+  bad[1].params = &sp; /* another geometry: refused, nothing launched */
+  assert_int_equal(kvt_gpu_store_batch_async(L, bad, 2, stream), KVT_ESHAPE);
+  bad[0].struct_size = 8;
+  assert_int_equal(kvt_gpu_store_batch_async(L, bad, 2, stream), -EINVAL);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "struct_size"));
   assert_int_equal(kvt_gpu_store_batch_finish(L, sitems + 1, 1, stream), -EINVAL);
-  assert_int_equal(kvt_gpu_store_batch_finish(L, sitems, 2, stream), -EINVAL); /* forgotten */
+  assert_int_equal(kvt_gpu_store_batch_finish(L, sitems, 2, stream), 0);
+  assert_int_equal(kvt_payload_verify(ctx, sdst[0], sitems[0].len, NULL), 0);
+  assert_int_equal(kvt_payload_verify(ctx, sdst[1], sitems[1].len, NULL), 0);
+  assert_int_equal(kvt_gpu_store_batch_finish(L, sitems, 2, stream), -EINVAL); /* finished */
+  kvt_gpu_load_item none = KVT_GPU_LOAD_ITEM_INIT;
+  none.struct_size = 8;
+  assert_int_equal(kvt_gpu_load_batch(L, &none, 1, &lp, stream), -EINVAL);
+  assert_int_equal(kvt_gpu_load_batch(L, items, 0, &lp, stream), -EINVAL);
   cudaFreeHost(sdst[0]);
   cudaFreeHost(sdst[1]);
 

@@ -264,7 +264,17 @@ typedef struct kvt_gpu_store_item {
  * a NaN/Inf or i4 range error as kvt_gpu_store_finish does (naming the
  * item; the detail says which chunk; every payload of the batch is then
  * invalid) and writes each header checksum. The batch counts as the
- * handle's one store in flight. */
+ * handle's one store in flight; finish it on the stream it was launched on,
+ * with the same items. The destinations must be distinct and not in use by
+ * work still queued on the GPU (the headers are written from the host at
+ * once). A call refused before the launch leaves an earlier batch's finish
+ * intact. Returns 0; -EINVAL (NULL or no items, an items[0].struct_size
+ * too small, NULL params or destination; finish: not the items of the
+ * batch in flight); -ENOMEM; kvt_gpu_store_async's errors for an item
+ * (KVT_ESPEC, KVT_ESHAPE - also for another geometry than item 0's -,
+ * KVT_ETOOBIG, KVT_ENOBUFS), named "item k"; KVT_ENOTSUP (a destination
+ * in device memory, no staging memory, a layer larger than a slot);
+ * KVT_ECUDA; and from finish KVT_ENONFINITE, KVT_ERANGE. */
 KVT_API int kvt_gpu_store_batch_async(kvt_gpu_layout *layout, kvt_gpu_store_item *items,
                                       uint32_t n, void *stream);
 KVT_API int kvt_gpu_store_batch_finish(kvt_gpu_layout *layout, kvt_gpu_store_item *items,

@@ -448,6 +448,51 @@ class Transfer:
         self._passed()
 
 
+class BatchTransfer(Transfer):
+    """Payloads loaded by PagedKV.load_batch(): wait() raises the first
+    failed verdict (naming the payload's index), verdicts() gives each
+    payload's outcome."""
+
+    def __init__(self, kv: "PagedKV", loader: "_Handle", event: Any, keep: List[Any],
+                 verdicts: Any, n: int) -> None:
+        self._kv = kv
+        self._loader = loader
+        self._verdicts = verdicts
+        self._n = n
+        self._outcomes: Optional[List[Optional[Error]]] = None
+        super().__init__(event, keep + [verdicts], self._check_all)
+
+    def _check_all(self) -> None:
+        first = next((e for e in self._read() if e is not None), None)
+        if first is not None:
+            raise first
+
+    def _read(self) -> List[Optional[Error]]:
+        if self._outcomes is None:
+            vsize = ctypes.sizeof(kvt_gpu_verdict)
+            out: List[Optional[Error]] = []
+            for i in range(self._n):
+                try:
+                    self._kv._call(self._loader, lib.kvt_gpu_verdict_check,
+                                   self._verdicts.data_ptr() + i * vsize)
+                    out.append(None)
+                except Error as e:
+                    out.append(Error(e.code, detail=f"load_many payload {i}: {e.detail}"))
+            self._outcomes = out
+        return self._outcomes
+
+    def verdicts(self) -> List[Optional[Error]]:
+        """Waits for the loads; each payload's outcome: None (loaded and
+        verified) or the Error of its failed verdict (a miss)."""
+        self._event.synchronize()
+        out = self._read()
+        try:
+            self._passed()
+        except Error:
+            pass  # reported per payload
+        return out
+
+
 class StoreJob(Transfer):
     """A store launched by PagedKV.store_async(): finish() it once (after
     done() says True, or to wait), then the payload's `length` bytes at
@@ -983,14 +1028,26 @@ class PagedKV:
             raise ValueError("kvtier: load_many of no payloads")
         return Transfer(last._event, [views, last._keep])
 
-    def _load_batch(self, payloads: Sequence[Any], block_ids: Sequence[Any],
-                    lengths: Sequence[int], keys: Optional[Sequence[Optional[KeyLike]]],
-                    expect_fingerprint: Optional[KeyLike], stream: Any) -> Optional[Transfer]:
-        """load_many's batched path (host payloads verified on the GPU), or
-        None where the payloads do not share one geometry (nothing launched:
-        the caller loads them one by one)."""
+    def load_batch(self, payloads: Sequence[Any], block_ids: Sequence[Any], *,
+                   lengths: Optional[Sequence[Optional[int]]] = None,
+                   keys: Optional[Sequence[Optional[KeyLike]]] = None,
+                   expect_fingerprint: Optional[KeyLike] = None,
+                   stream: Any = None) -> "BatchTransfer":
+        """Loads payloads of one geometry (codec, layers, token count) in
+        pinned host memory into block_ids[i] with kvt_gpu_load_batch: kernels
+        that each load a layer range of up to 64 chunks, every chunk's
+        sections verified on the GPU with a verdict of its own. Returns once
+        launched; BatchTransfer.verdicts() waits and gives each payload's
+        outcome (None, or the Error that makes it a miss: its failing piece
+        was not written, its other layers may be). Raises Error, launching
+        nothing, for a payload that fails the checks made before the launch
+        (the detail names "item i"), KVT_ESHAPE with "one geometry" in the
+        detail when the payloads differ in geometry, KVT_ENOTSUP for device
+        memory."""
         torch = _torch()
         n = len(payloads)
+        if n == 0 or len(block_ids) != n:
+            raise ValueError("kvtier: load_batch needs payloads, and block ids for each")
         ts, sptr = self._stream(stream)
         vsize = ctypes.sizeof(kvt_gpu_verdict)
         verdicts = torch.zeros(n * vsize, dtype=torch.uint8, pin_memory=True)
@@ -1004,16 +1061,22 @@ class PagedKV:
         with torch.cuda.stream(ts):
             slots_all = []
             for i in range(n):
-                addr, _, keep = _buffer(payloads[i], writable=False)
+                addr, nbytes, keep = _buffer(payloads[i], writable=False)
+                given = lengths[i] if lengths else None
+                ln = nbytes if given is None else int(given)
+                if ln > nbytes:
+                    raise ValueError(f"kvtier: length {ln} exceeds payload {i}'s {nbytes} bytes")
                 slots, ntok = self._slots(block_ids[i], None)
                 if i and ntok != lp.tokens:
-                    return None  # chunks of other lengths: one call each
+                    raise Error(ErrorCode.ESHAPE, detail=f"kvtier: load_batch: payload {i} has "
+                                f"{ntok} tokens of blocks, payload 0 {lp.tokens}: a batch's "
+                                "payloads share one geometry")
                 lp.tokens = ntok
                 slots_all.append(slots)
                 refs.append(keep)
                 it = items[i]
                 it.struct_size = ctypes.sizeof(kvt_gpu_load_item)
-                it.payload, it.len, it.slots = addr, int(lengths[i]), slots.data_ptr()
+                it.payload, it.len, it.slots = addr, ln, slots.data_ptr()
                 it.verdict = verdicts.data_ptr() + i * vsize
                 if keys and keys[i] is not None:
                     k = Key(keys[i]).struct
@@ -1022,23 +1085,25 @@ class PagedKV:
             loader = self._loaders.get()
             try:
                 self._call(loader, lib.kvt_gpu_load_batch, items, n, ctypes.byref(lp), sptr)
-            except Error as e:
-                if e.code == ErrorCode.ESHAPE and "one geometry" in e.detail:
-                    return None
-                raise
             finally:
                 self._loaders.put(loader)
             done = torch.cuda.Event()
             done.record(ts)
+        return BatchTransfer(self, loader, done, [slots_all, refs, items], verdicts, n)
 
-        def check_all() -> None:
-            for i in range(n):
-                try:
-                    self._call(loader, lib.kvt_gpu_verdict_check, verdicts.data_ptr() + i * vsize)
-                except Error as e:
-                    raise Error(e.code, detail=f"load_many payload {i}: {e.detail}") from None
-
-        return Transfer(done, [slots_all, refs, items, verdicts], check_all)
+    def _load_batch(self, payloads: Sequence[Any], block_ids: Sequence[Any],
+                    lengths: Sequence[int], keys: Optional[Sequence[Optional[KeyLike]]],
+                    expect_fingerprint: Optional[KeyLike], stream: Any) -> Optional[Transfer]:
+        """load_many's batched path (host payloads verified on the GPU), or
+        None where the payloads do not share one geometry (nothing launched:
+        the caller loads them one by one)."""
+        try:
+            return self.load_batch(payloads, block_ids, lengths=lengths, keys=keys,
+                                   expect_fingerprint=expect_fingerprint, stream=stream)
+        except Error as e:
+            if e.code == ErrorCode.ESHAPE and "one geometry" in e.detail:
+                return None
+            raise
 
     def _verdict_check(self, loader: "_Handle", verdict: Any) -> Optional[Callable[[], None]]:
         """What reads a GPU-verified load's verdict once its stream passed it
@@ -1082,8 +1147,8 @@ class PagedKV:
 
 
 __all__ = [
-    "LAYOUTS", "LOAD_STAGED", "LOAD_TRUST_DEVICE", "LOAD_TRUST_HOST", "LOAD_ZERO_COPY",
-    "Layout", "MEM_DEVICE", "MEM_PAGEABLE", "MEM_PINNED", "PagedKV", "PinnedBuffer",
-    "STAGING_DEFAULT", "StoreJob", "Transfer", "VLLM_LAYOUTS", "check_vllm_spec", "layout_of",
-    "mem_kind", "vllm_layer_view", "vllm_layout_name",
+    "BatchTransfer", "LAYOUTS", "LOAD_STAGED", "LOAD_TRUST_DEVICE", "LOAD_TRUST_HOST",
+    "LOAD_ZERO_COPY", "Layout", "MEM_DEVICE", "MEM_PAGEABLE", "MEM_PINNED", "PagedKV",
+    "PinnedBuffer", "STAGING_DEFAULT", "StoreJob", "Transfer", "VLLM_LAYOUTS", "check_vllm_spec",
+    "layout_of", "mem_kind", "vllm_layer_view", "vllm_layout_name",
 ]

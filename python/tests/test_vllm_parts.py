@@ -189,20 +189,24 @@ def _tiers(kind: str, tmp_path) -> str:
     return f"nvme:{tmp_path}/nvme:64MiB" if kind == "nvme" else "dram:64MiB"
 
 
-@pytest.fixture(params=["nvme", "dram"])
+@pytest.fixture(params=["nvme", "dram", "dram+batch"])
 def worker(tmp_path, request):
+    """The worker over the CPU stand-in; "+batch": a device with load_many
+    (the worker then loads a job's lent chunks in groups, as on CUDA)."""
     fp = model_fingerprint("m", SHAPE, "k16v8", 0, 1)
     layers = [torch.zeros((32, vs.KV_HEADS, 16, 2 * vs.HEAD_DIM), dtype=torch.bfloat16)
               for _ in range(vs.LAYERS)]
-    dev = vs.CpuDevice(DeviceSpec(layers=layers, shape=SHAPE, codec="k16v8", fingerprint=fp,
-                                  tp_rank=0, tp_size=1, kv_cache_layout=None))
+    kind, _, batch = request.param.partition("+")
+    device = vs.BatchCpuDevice if batch else vs.CpuDevice
+    dev = device(DeviceSpec(layers=layers, shape=SHAPE, codec="k16v8", fingerprint=fp,
+                            tp_rank=0, tp_size=1, kv_cache_layout=None))
     rng = np.random.default_rng(5)
     for t in dev.layers:  # finite bf16 values
         t[...] = (rng.standard_normal(t.shape, dtype=np.float32).view(np.uint32) >> 16)
-    w = KvtierWorker(dev, kvtier.Cache(_tiers(request.param, tmp_path), fingerprint=fp,
+    w = KvtierWorker(dev, kvtier.Cache(_tiers(kind, tmp_path), fingerprint=fp,
                                        chunk_tokens=32),
                      fp, chunk_tokens=32, blocks_per_chunk=2)
-    w.tiers = request.param
+    w.tiers = kind
     yield w
     w.shutdown()
 
@@ -309,6 +313,37 @@ def test_worker_spreads_a_job_over_its_threads_and_reports_from_the_first_failed
         np.testing.assert_array_equal(t[14:20, :, :, :hd], old[1:7, :, :, :hd])  # chunks 0-2
         np.testing.assert_array_equal(t[20:22], old[20:22])  # chunk 3: not written
     assert worker.cache.stats().pinned == 0  # every loan went back
+    if isinstance(worker.device, vs.BatchCpuDevice):  # the lent chunks went in one group
+        assert worker.device.batches == 1 and worker.device.batched == 5
+
+
+def test_worker_loading_in_groups_makes_a_corrupt_chunk_alone_a_miss(worker) -> None:
+    """In a group loaded with load_many, the chunk whose payload fails its
+    checksum is the miss (dropped from the cache, reported from it on); the
+    chunks before it are written."""
+    okeys = _keys(5, salt=12)
+    src = GPULoadStoreSpec(list(range(1, 11)), group_sizes=[10], block_indices=[0])
+    assert _run(worker, worker.submit_store, 9, src,
+                KvtierStoreSpec(okeys, [None] + okeys[:-1])).success
+    key = worker.key(okeys[2])
+    payload = bytearray(worker.cache.get(key))
+    payload[-100] ^= 1
+    worker.cache.delete(key)
+    worker.cache.put(key, bytes(payload), worker.key(okeys[1]))
+    before = [t.copy() for t in worker.device.layers]
+    dst = GPULoadStoreSpec(list(range(14, 24)), group_sizes=[10], block_indices=[0])
+    res = _run(worker, worker.submit_load, 10, KvtierLoadSpec(okeys), dst)
+    assert not res.success and res.failed_keys == [okeys[2]]
+    assert res.invalid_block_ids == list(range(18, 24))
+    assert worker.stats.reasons == {"KVT_ECHECKSUM": 1}
+    hd = vs.HEAD_DIM
+    for t, old in zip(worker.device.layers, before):
+        np.testing.assert_array_equal(t[14:18, :, :, :hd], old[1:5, :, :, :hd])  # chunks 0-1
+        np.testing.assert_array_equal(t[18:20], old[18:20])  # chunk 2: not written
+    assert worker.cache.query(key) is None  # dropped
+    assert worker.cache.stats().pinned == 0
+    if isinstance(worker.device, vs.BatchCpuDevice):
+        assert worker.device.batches == 1
 
 
 def test_worker_reports_of_two_ranks_aggregate_before_the_manager_reads_them() -> None:

@@ -146,6 +146,30 @@ class CpuDevice:
         self.loads += 1
 
 
+class BatchCpuDevice(CpuDevice):
+    """The CPU stand-in with load_many, as CudaDevice has it: each chunk's
+    outcome (None or its Error); `batches` counts the calls and `batched`
+    the chunks they loaded."""
+
+    def __init__(self, spec: DeviceSpec) -> None:
+        super().__init__(spec)
+        self.batches = 0
+        self.batched = 0
+
+    def load_many(self, payloads: Sequence[np.ndarray], block_ids: Sequence[Sequence[int]], *,
+                  keys: Sequence[kvtier.Key]) -> List[Optional[kvtier.Error]]:
+        self.batches += 1
+        out: List[Optional[kvtier.Error]] = []
+        for p, ids, k in zip(payloads, block_ids, keys):
+            try:
+                self.load(p, ids, key=k)
+                self.batched += 1
+                out.append(None)
+            except kvtier.Error as e:
+                out.append(e)
+        return out
+
+
 def cpu_device(spec: DeviceSpec) -> CpuDevice:
     """The "device" factory the tests name in kv_connector_extra_config."""
     return CpuDevice(spec)

@@ -12,7 +12,7 @@ payload is sealed or the KV written (the worker reports a job only then).
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -23,6 +23,12 @@ from .config import CacheShape
 
 
 LOAD_STAGING = 32 << 20  # device memory per load handle
+# Chunks whose payloads average this or more are loaded one by one, not
+# batched: on an H200 (bench/results/vllm_worker_h200.txt, 4 threads, 256-token
+# chunks) raw's 32 MiB payloads loaded at 38.2 GB/s batched and 47.6 one by
+# one, while k16v8's 24 MiB ones gained (43.7 -> 50.9), fp8 (46.3 -> 67.4) and
+# int4 (44.0 -> 91.0): one payload fills the staging pieces by itself.
+BATCH_BELOW = 32 << 20
 
 
 class CudaDevice:
@@ -49,6 +55,7 @@ class CudaDevice:
                         f"{shape.kv_heads} x {shape.block_size}")
         self.codec = codec
         self.fingerprint = fingerprint
+        self.batch_below = BATCH_BELOW  # the worker loads larger chunks one by one
         self._local = threading.local()
         self._bounds: Dict[int, int] = {}
         self._torch = gpu._torch()
@@ -110,6 +117,35 @@ class CudaDevice:
             ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.kv.device)
         self.kv.load(payload, ids, expect_key=key, expect_fingerprint=self.fingerprint,
                      verify_on_gpu=True, stream=s).wait()
+
+    def load_many(self, payloads: Sequence[np.ndarray], block_ids: Sequence[Sequence[int]], *,
+                  keys: Sequence[Key]) -> Optional[List[Optional[Error]]]:
+        """Loads several chunks of one geometry with batched launches
+        (PagedKV.load_batch: each verified on the GPU, with its own verdict);
+        returns each chunk's outcome (None, or the Error that makes it a
+        miss) once written. None, having written nothing, where the batch
+        should not or cannot be made - payloads of BATCH_BELOW or more on
+        average, a payload in pageable memory, chunks of another
+        geometry, a payload refused before the launch (its header, key or
+        shape): the worker then loads them one by one, which names the bad
+        one."""
+        torch = self._torch
+        if sum(p.size for p in payloads) >= BATCH_BELOW * len(payloads):
+            return None  # large payloads: one by one is faster (BATCH_BELOW)
+        if any(gpu.mem_kind(p.ctypes.data) == gpu.MEM_PAGEABLE for p in payloads):
+            return None
+        s = self._stream()
+        with torch.cuda.stream(s):
+            ids = [torch.tensor(list(b), dtype=torch.int64, device=self.kv.device)
+                   for b in block_ids]
+        try:
+            t = self.kv.load_batch(list(payloads), ids, keys=list(keys),
+                                   expect_fingerprint=self.fingerprint, stream=s)
+        except Error as e:
+            if e.code == ErrorCode.ECUDA:
+                raise
+            return None
+        return t.verdicts()
 
     def _pinned(self, nbytes: int) -> np.ndarray:
         buf: Optional[gpu.PinnedBuffer] = getattr(self._local, "staging", None)

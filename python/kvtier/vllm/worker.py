@@ -89,6 +89,13 @@ class KVDevice(Protocol):
         Raises kvtier.Error, having written nothing, if a check fails."""
         ...
 
+    # Optional: load_many(payloads, block_ids_list, *, keys) -> a list of
+    # None or kvtier.Error per chunk (its outcome) once every chunk is
+    # written, or None having written nothing (then load() is called per
+    # chunk). With it, the worker loads a job's chunks in groups of
+    # LOAD_GROUP (CudaDevice: batched launches, kvt_gpu_load_batch), unless
+    # the device's batch_below (bytes) is at most payload_bytes() of a chunk.
+
 
 class KvtierTransferResult(TransferResult):
     """A TransferResult with what a failed job left undone."""
@@ -134,6 +141,8 @@ def chunk_blocks(spec: GPULoadStoreSpec, nchunks: int, blocks_per_chunk: int) ->
 
 
 PRIO_EXPEDITED, PRIO_LOAD, PRIO_STORE, PRIO_STOP = 0, 1, 2, 3
+# Chunks a transfer thread loads together when the device has load_many.
+LOAD_GROUP = 16
 
 class _Job:
     """One submitted job: its chunks run as separate tasks on the transfer
@@ -179,6 +188,12 @@ class KvtierWorker(OffloadingWorker):
         self._putting: Dict[Key, threading.Event] = {}  # chunks queued or being stored
         self._closed = False
         self._reserving = True  # stores write into blocks reserved in the cache
+        # Loads in groups (device.load_many) unless the device says chunks of
+        # this size load faster one by one (its batch_below, in bytes).
+        limit = getattr(device, "batch_below", None)
+        self._groups_loads = hasattr(device, "load_many") and (
+            limit is None or not hasattr(device, "payload_bytes") or
+            device.payload_bytes(blocks_per_chunk) < limit)
         self._threads = [threading.Thread(target=self._serve, name=f"kvtier-vllm-{i}",
                                           daemon=True) for i in range(max(1, threads))]
         for t in self._threads:
@@ -232,9 +247,20 @@ class KvtierWorker(OffloadingWorker):
                     expedited: bool = False) -> bool:
         assert isinstance(src_spec, KvtierLoadSpec), src_spec
         blocks = chunk_blocks(dst_spec, len(src_spec.keys), self.blocks_per_chunk)
-        tasks = [(self._load_chunk, (self.key(k), ids)) for k, ids in zip(src_spec.keys, blocks)]
+        keys = [self.key(k) for k in src_spec.keys]
+        grouped = self._groups_loads and len(keys) > 1
+        if grouped:  # a task per LOAD_GROUP chunks, each task's result a list
+            tasks = [(self._load_group, (keys[i:i + LOAD_GROUP], blocks[i:i + LOAD_GROUP]))
+                     for i in range(0, len(keys), LOAD_GROUP)]
+        else:
+            tasks = [(self._load_chunk, (k, ids)) for k, ids in zip(keys, blocks)]
 
-        def finish(results: List[Any]) -> KvtierTransferResult:
+        def finish(task_results: List[Any]) -> KvtierTransferResult:
+            results: List[Any] = []
+            for t, r in enumerate(task_results):
+                if grouped and not isinstance(r, list):  # the group's task raised
+                    r = [r] * len(keys[t * LOAD_GROUP:(t + 1) * LOAD_GROUP])
+                results.extend(r if grouped else [r])
             bad = [i for i, r in enumerate(results) if isinstance(r, Exception)]
             nbytes = sum(r for r in results if isinstance(r, int))
             with self._lock:
@@ -472,6 +498,65 @@ class KvtierWorker(OffloadingWorker):
         finally:
             if loan is not None:
                 loan.close()
+
+    def _load_group(self, keys: List[Key], blocks: List[List[int]]) -> List[Any]:
+        """Loads several chunks of a job with one device.load_many: each
+        chunk's result is its payload's bytes or the Error that makes it a
+        miss (as _load_chunk's). The chunks a memory tier lends in place are
+        batched; the others (misses, payloads copied out of nvme or remote
+        tiers into the thread's one buffer) and all of them where the device
+        cannot batch (None) are loaded one by one by _load_chunk."""
+        results: List[Any] = [None] * len(keys)
+        refused: List[int] = []  # served, but the device's verdict failed
+        single: List[int] = []  # not lent in place: loaded one by one
+        loans: List[Loan] = []
+        held: List[int] = []
+        try:
+            payloads: List[np.ndarray] = []
+            for i, key in enumerate(keys):
+                try:
+                    loan = self.cache.borrow(key)
+                except Error as e:
+                    if e.code not in (ErrorCode.ENOTSUP, -errno.EAGAIN):
+                        results[i] = e
+                        refused.append(i)
+                        continue
+                    loan = None  # a tier that cannot lend, or loans all out
+                if loan is None or loan.array is None:
+                    if loan is not None:
+                        loan.close()
+                    single.append(i)  # a miss, or copied out: _load_chunk's way
+                    continue
+                loans.append(loan)
+                held.append(i)
+                payloads.append(loan.array)
+            outcomes = None
+            if len(held) > 1:
+                outcomes = self.device.load_many(  # type: ignore[attr-defined]
+                    payloads, [blocks[i] for i in held], keys=[keys[i] for i in held])
+            if outcomes is None:
+                single = sorted(single + held)
+                held = []
+            for i, payload, err in zip(held, payloads, outcomes or []):
+                results[i] = len(payload) if err is None else err
+                if err is not None:
+                    refused.append(i)
+        finally:
+            for loan in loans:
+                loan.close()  # a delete waits for the loan
+        for i in single:  # each logs its own failure
+            try:
+                results[i] = self._load_chunk(keys[i], blocks[i])
+            except Error as e:
+                results[i] = e
+                self._reason(e.name)
+        for i in sorted(refused):
+            e = results[i]
+            if i in held and e.code in PAYLOAD_FAULTS:
+                self._drop(keys[i])  # served but refused: see _load_chunk
+            self._reason(e.name)
+            log.warning("kvtier.vllm: load of chunk %s failed, recomputing: %s", keys[i], e)
+        return results
 
     def _fetch(self, key: Key) -> Tuple[Optional[Loan], Optional[np.ndarray]]:
         """The payload under key: lent in place by a memory tier, else copied

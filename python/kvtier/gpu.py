@@ -936,13 +936,8 @@ class PagedKV:
         with torch.cuda.stream(ts):
             slots, n = self._slots(block_ids, num_tokens)
             lp.tokens, lp.slots = n, slots.data_ptr()
-            loader = self._loaders.get()  # a free load handle (waits for one)
-            try:
-                self._call(loader, lib.kvt_gpu_load, src, n_bytes, ctypes.byref(lp), sptr)
-            finally:
-                self._loaders.put(loader)
-            done = torch.cuda.Event()
-            done.record(ts)
+            loader, done = self._launch_load(ts, lib.kvt_gpu_load, src, n_bytes,
+                                             ctypes.byref(lp), sptr)
         return Transfer(done, [slots, keep, refs, events, verdict],
                         self._verdict_check(loader, verdict))
 
@@ -1082,13 +1077,8 @@ class PagedKV:
                     k = Key(keys[i]).struct
                     refs.append(k)
                     it.expect_key = ctypes.pointer(k)
-            loader = self._loaders.get()
-            try:
-                self._call(loader, lib.kvt_gpu_load_batch, items, n, ctypes.byref(lp), sptr)
-            finally:
-                self._loaders.put(loader)
-            done = torch.cuda.Event()
-            done.record(ts)
+            loader, done = self._launch_load(ts, lib.kvt_gpu_load_batch, items, n,
+                                             ctypes.byref(lp), sptr)
         return BatchTransfer(self, loader, done, [slots_all, refs, items], verdicts, n)
 
     def _load_batch(self, payloads: Sequence[Any], block_ids: Sequence[Any],
@@ -1104,6 +1094,18 @@ class PagedKV:
             if e.code == ErrorCode.ESHAPE and "one geometry" in e.detail:
                 return None
             raise
+
+    def _launch_load(self, ts: Any, fn: Any, *args: Any) -> Tuple["_Handle", Any]:
+        """fn(layout, *args) on a free load handle (waiting for one), then an
+        event on stream ts: (the handle, the event)."""
+        loader = self._loaders.get()
+        try:
+            self._call(loader, fn, *args)
+        finally:
+            self._loaders.put(loader)
+        done = _torch().cuda.Event()
+        done.record(ts)
+        return loader, done
 
     def _verdict_check(self, loader: "_Handle", verdict: Any) -> Optional[Callable[[], None]]:
         """What reads a GPU-verified load's verdict once its stream passed it

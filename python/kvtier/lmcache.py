@@ -44,7 +44,8 @@ import numpy as np
 
 from ._buffers import DTYPE_BF16, DTYPE_F16, Tensor
 from .cache import Cache
-from .codec import CodecSpec, decode, encode_bound, encode_into
+from ._engines import EngineOptions, options_from
+from .codec import decode, encode_bound, encode_into
 from .errors import PAYLOAD_FAULTS, Error, ErrorCode, Refused
 from .keys import Key, ModelDesc, chunk_key, fingerprint
 from .payload import inspect
@@ -71,7 +72,7 @@ def _refuse(what: str, why: str) -> Refused:
 
 
 @dataclass(frozen=True)
-class PluginConfig:
+class PluginConfig(EngineOptions):
     """Our keys of LMCache's extra_config, each under
     "storage_plugin.<name>." (<name>: the plug-in's name in storage_plugins).
 
@@ -86,28 +87,11 @@ class PluginConfig:
         checks them always).
     """
 
-    tiers: str
-    codec: str = "k16v8"
-    threads: int = 8
-    model_id: Optional[str] = None
-    write_through: bool = True
-    verify: bool = False
-
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any], name: str) -> "PluginConfig":
         p = f"storage_plugin.{name}."
-        tiers = extra.get(p + "tiers")
-        if not isinstance(tiers, str) or not tiers:
-            raise _refuse("no tiers", f'extra_config needs "{p}tiers", e.g. '
-                          '"nvme:/var/cache/kvtier/w{worker}:1TiB"')
-        codec = str(extra.get(p + "codec", "k16v8"))
-        CodecSpec(codec)  # raises kvtier.Error (KVT_ESPEC) for a bad spec
-        threads = int(extra.get(p + "threads", min(8, os.cpu_count() or 1)))
-        if threads < 1:
-            raise _refuse("threads", f"{threads} is not a positive count")
-        return cls(tiers=tiers, codec=codec, threads=threads, model_id=extra.get(p + "model_id"),
-                   write_through=_flag(extra.get(p + "write_through", True)),
-                   verify=_flag(extra.get(p + "verify", False)))
+        return cls(**options_from(extra, p, _refuse, f'extra_config needs "{p}tiers", e.g. '
+                                  '"nvme:/var/cache/kvtier/w{worker}:1TiB"'))
 
     def worker_tiers(self, worker: int, world: int) -> str:
         """The tier spec of one worker, placeholders replaced; the parent
@@ -124,10 +108,6 @@ class PluginConfig:
                 if parent:
                     os.makedirs(parent, exist_ok=True)
         return spec
-
-
-def _flag(v: Any) -> bool:
-    return v.lower() in ("1", "true", "yes", "on") if isinstance(v, str) else bool(v)
 
 
 def plugin_name(extra: Mapping[str, Any], cls: type, launching: Optional[str] = None) -> str:

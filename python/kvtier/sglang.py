@@ -34,7 +34,8 @@ import numpy as np
 
 from ._buffers import DTYPE_BF16, DTYPE_F16, Tensor
 from .cache import Cache
-from .codec import CodecSpec, decode, encode_bound, encode_into
+from ._engines import EngineOptions, options_from
+from .codec import decode, encode_bound, encode_into
 from .errors import PAYLOAD_FAULTS, Error, ErrorCode, Refused
 from .keys import Key, ModelDesc, chunk_key, fingerprint
 
@@ -56,7 +57,7 @@ def _refuse(what: str, why: str) -> Refused:
 
 
 @dataclass(frozen=True)
-class BackendConfig:
+class BackendConfig(EngineOptions):
     """Our keys of --hicache-storage-backend-extra-config (README, SGLang).
 
     tiers: kvtier tier specs, hottest first; "{rank}" is replaced by the
@@ -73,31 +74,14 @@ class BackendConfig:
         checks them always).
     """
 
-    tiers: str
-    codec: str = "k16v8"
-    threads: int = 8
-    model_id: Optional[str] = None
-    write_through: bool = True
-    verify: bool = False
-
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> "BackendConfig":
         if not int(extra.get("interface_v1", 0)):
             raise _refuse("interface_v1 is off",
                           'kvtier serves the zero-copy page interface only: add "interface_v1": 1 '
                           "to --hicache-storage-backend-extra-config")
-        tiers = extra.get("tiers")
-        if not isinstance(tiers, str) or not tiers:
-            raise _refuse("no tiers", 'the extra config needs "tiers", e.g. '
-                          '"nvme:/var/cache/kvtier/r{rank}:1TiB"')
-        codec = str(extra.get("codec", "k16v8"))
-        CodecSpec(codec)  # raises kvtier.Error (KVT_ESPEC) for a bad spec
-        threads = int(extra.get("threads", min(8, os.cpu_count() or 1)))
-        if threads < 1:
-            raise _refuse("threads", f"{threads} is not a positive count")
-        return cls(tiers=tiers, codec=codec, threads=threads, model_id=extra.get("model_id"),
-                   write_through=bool(extra.get("write_through", True)),
-                   verify=bool(extra.get("verify", False)))
+        return cls(**options_from(extra, "", _refuse, 'the extra config needs "tiers", e.g. '
+                                  '"nvme:/var/cache/kvtier/r{rank}:1TiB"'))
 
     def rank_tiers(self, cfg: HiCacheStorageConfig) -> str:
         """The tier spec of one rank, placeholders replaced; the parent

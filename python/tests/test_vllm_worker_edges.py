@@ -47,10 +47,11 @@ class SlowDevice(vs.CpuDevice):
         return super().load(*a, **kw)
 
 
-def _worker(tiers: str = "dram:64MiB", threads: int = 4) -> KvtierWorker:
+def _worker(tiers: str = "dram:64MiB", threads: int = 4,
+            device: type = SlowDevice) -> KvtierWorker:
     layers = [torch.zeros((64, vs.KV_HEADS, 16, 2 * vs.HEAD_DIM), dtype=torch.bfloat16)
               for _ in range(vs.LAYERS)]
-    dev = SlowDevice(DeviceSpec(layers=layers, shape=SHAPE, codec="k16v8", fingerprint=FP,
+    dev = device(DeviceSpec(layers=layers, shape=SHAPE, codec="k16v8", fingerprint=FP,
                                 tp_rank=0, tp_size=1, kv_cache_layout=None))
     rng = np.random.default_rng(5)
     for t in dev.layers:
@@ -217,3 +218,111 @@ def test_a_key_stored_again_by_a_later_job_does_not_block_the_first_job() -> Non
     finally:
         if done.is_set():
             w.shutdown()
+
+
+# --- loads in groups (device.load_many; from the review of 42a54bc: the
+# three tests below failed there) -------------------------------------------------
+
+
+def _corrupt(w: KvtierWorker, okeys: list, i: int) -> kvtier.Key:
+    key = w.key(okeys[i])
+    p = bytearray(w.cache.get(key))
+    p[-100] ^= 1  # a section byte: the header still parses
+    w.cache.delete(key)
+    w.cache.put(key, bytes(p), w.key(okeys[i - 1]) if i else None)
+    return key
+
+
+def _load(w: KvtierWorker, job: int, okeys: list, first_block: int = 32):
+    n = 2 * len(okeys)
+    dst = GPULoadStoreSpec(list(range(first_block, first_block + n)), group_sizes=[n],
+                           block_indices=[0])
+    return _run(w, w.submit_load, job, KvtierLoadSpec(okeys), dst)
+
+
+def test_a_refused_chunk_is_dropped_even_when_a_later_chunk_of_its_group_raises() -> None:
+    """A group: chunk 1 fails its checksum on the device, chunk 3 (not lent)
+    raises a non-kvtier exception when loaded one by one. The refused
+    payload must still leave the cache, or the recomputed chunk's store
+    finds the key held and every later load misses."""
+    w = _worker(device=vs.BatchCpuDevice, threads=1)
+    try:
+        okeys = _keys(4, salt=20)
+        assert _store(w, 1, okeys).success
+        bad = _corrupt(w, okeys, 1)
+        other = w.key(okeys[3])
+        borrow, load = w.cache.borrow, w.device.load
+
+        def no_loan(key):
+            if key == other:
+                raise kvtier.Error(kvtier.ErrorCode.ENOTSUP, detail="as an nvme tier")
+            return borrow(key)
+
+        def fails(payload, ids, *, key):
+            if key == other:
+                raise RuntimeError("CUDA out of memory (from torch)")
+            return load(payload, ids, key=key)
+
+        w.cache.borrow, w.device.load = no_loan, fails
+        res = _load(w, 2, okeys)
+        assert not res.success and set(res.failed_keys) == {okeys[1], okeys[3]}
+        assert w.cache.query(bad) is None, "the refused payload stayed in the cache"
+        assert w.stats.reasons == {"KVT_ECHECKSUM": 1, "RuntimeError": 1}
+    finally:
+        w.shutdown()
+
+
+def test_a_device_answering_too_few_outcomes_fails_the_group() -> None:
+    """load_many must answer for every chunk: a chunk without an outcome was
+    not written and must not be reported loaded."""
+    class Short(vs.BatchCpuDevice):
+        def load_many(self, payloads, block_ids, *, keys):
+            return super().load_many(payloads[:-1], block_ids[:-1], keys=keys[:-1])
+
+    w = _worker(device=Short, threads=1)
+    try:
+        okeys = _keys(4, salt=21)
+        assert _store(w, 1, okeys).success
+        res = _load(w, 2, okeys)
+        assert not res.success and res.failed_keys == okeys
+        assert all(w.cache.query(w.key(k)) is not None for k in okeys)  # nothing dropped
+    finally:
+        w.shutdown()
+
+
+@pytest.mark.parametrize("error", ["KVT_ECUDA", "RuntimeError"])
+def test_a_group_whose_load_many_raises_fails_its_chunks_and_drops_nothing(error: str) -> None:
+    """A device failure (not the payloads'): every chunk of the group is a
+    miss, none is deleted, every loan goes back; chunks loaded one by one in
+    the same group are still loaded."""
+    class Raising(vs.BatchCpuDevice):
+        def load_many(self, payloads, block_ids, *, keys):
+            if error == "KVT_ECUDA":
+                raise kvtier.Error(kvtier.ErrorCode.ECUDA, detail="launch failed")
+            raise RuntimeError("boom")
+
+    w = _worker(device=Raising, threads=2)
+    try:
+        okeys = _keys(12, salt=22)
+        assert _store(w, 1, okeys).success
+        res = _load(w, 2, okeys)
+        assert not res.success and res.failed_keys == okeys  # 2 groups of 6, both raised
+        assert res.invalid_block_ids == list(range(32, 56))
+        assert w.cache.stats().pinned == 0
+        assert all(w.cache.query(w.key(k)) is not None for k in okeys)
+        assert w.stats.reasons == {error: 2}
+    finally:
+        w.shutdown()
+
+
+def test_a_small_job_spreads_its_groups_over_the_threads() -> None:
+    """Groups hold at most ceil(chunks / threads) chunks: 8 chunks on 4
+    threads load in 4 groups of 2, not one group of 8 on one thread."""
+    w = _worker(device=vs.BatchCpuDevice, threads=4)
+    try:
+        okeys = _keys(8, salt=23)
+        assert _store(w, 1, okeys).success
+        assert _load(w, 2, okeys).success
+        assert w.device.batches == 4 and w.device.batched == 8
+    finally:
+        w.shutdown()

@@ -24,10 +24,11 @@ from .config import CacheShape
 
 LOAD_STAGING = 32 << 20  # device memory per load handle
 # Chunks whose payloads average this or more are loaded one by one, not
-# batched: on an H200 (bench/results/vllm_worker_h200.txt, 4 threads, 256-token
-# chunks) raw's 32 MiB payloads loaded at 38.2 GB/s batched and 47.6 one by
-# one, while k16v8's 24 MiB ones gained (43.7 -> 50.9), fp8 (46.3 -> 67.4) and
-# int4 (44.0 -> 91.0): one payload fills the staging pieces by itself.
+# batched: on an H200 (bench/results/vllm_worker_batched_h200.txt, run 1, 4
+# threads, 256-token chunks) raw's 32 MiB payloads loaded at 38.2 GB/s batched
+# and 47.6 one by one, while k16v8's 24 MiB ones gained (43.7 -> 50.9; run 2:
+# 47.7 -> 49.3), fp8 (46.3 -> 67.4) and int4 (44.0 -> 91.0): one payload fills
+# the staging pieces by itself.
 BATCH_BELOW = 32 << 20
 
 

@@ -141,8 +141,10 @@ def chunk_blocks(spec: GPULoadStoreSpec, nchunks: int, blocks_per_chunk: int) ->
 
 
 PRIO_EXPEDITED, PRIO_LOAD, PRIO_STORE, PRIO_STOP = 0, 1, 2, 3
-# Chunks a transfer thread loads together when the device has load_many.
+# Chunks a transfer thread loads together (at most) when the device has
+# load_many, and the loans a dram tier gives out at once (tier_dram.c).
 LOAD_GROUP = 16
+DRAM_LOANS = 64
 
 class _Job:
     """One submitted job: its chunks run as separate tasks on the transfer
@@ -249,9 +251,14 @@ class KvtierWorker(OffloadingWorker):
         blocks = chunk_blocks(dst_spec, len(src_spec.keys), self.blocks_per_chunk)
         keys = [self.key(k) for k in src_spec.keys]
         grouped = self._groups_loads and len(keys) > 1
-        if grouped:  # a task per LOAD_GROUP chunks, each task's result a list
-            tasks = [(self._load_group, (keys[i:i + LOAD_GROUP], blocks[i:i + LOAD_GROUP]))
-                     for i in range(0, len(keys), LOAD_GROUP)]
+        # Groups of at most LOAD_GROUP chunks, so that the threads' loans stay
+        # within the dram tier's 64 pins and a small job still spreads over
+        # every thread.
+        nthreads = len(self._threads)
+        group = max(1, min(LOAD_GROUP, DRAM_LOANS // nthreads, -(-len(keys) // nthreads)))
+        if grouped:  # a task per group, each task's result a list
+            tasks = [(self._load_group, (keys[i:i + group], blocks[i:i + group]))
+                     for i in range(0, len(keys), group)]
         else:
             tasks = [(self._load_chunk, (k, ids)) for k, ids in zip(keys, blocks)]
 
@@ -259,9 +266,10 @@ class KvtierWorker(OffloadingWorker):
             results: List[Any] = []
             for t, r in enumerate(task_results):
                 if grouped and not isinstance(r, list):  # the group's task raised
-                    r = [r] * len(keys[t * LOAD_GROUP:(t + 1) * LOAD_GROUP])
+                    r = [r] * len(keys[t * group:(t + 1) * group])
                 results.extend(r if grouped else [r])
-            bad = [i for i, r in enumerate(results) if isinstance(r, Exception)]
+            # A chunk is loaded only if its result is its byte count.
+            bad = [i for i, r in enumerate(results) if not isinstance(r, int)]
             nbytes = sum(r for r in results if isinstance(r, int))
             with self._lock:
                 self.stats.loads += 1
@@ -532,8 +540,19 @@ class KvtierWorker(OffloadingWorker):
                 payloads.append(loan.array)
             outcomes = None
             if len(held) > 1:
-                outcomes = self.device.load_many(  # type: ignore[attr-defined]
-                    payloads, [blocks[i] for i in held], keys=[keys[i] for i in held])
+                try:
+                    outcomes = self.device.load_many(  # type: ignore[attr-defined]
+                        payloads, [blocks[i] for i in held], keys=[keys[i] for i in held])
+                    if outcomes is not None and len(outcomes) != len(held):
+                        raise RuntimeError(f"device.load_many gave {len(outcomes)} outcomes "
+                                           f"for {len(held)} chunks")
+                except Exception as e:  # the device failed (KVT_ECUDA, a bug): not the payloads
+                    log.warning("kvtier.vllm: a group load of %d chunks failed, recomputing "
+                                "them: %s", len(held), e)
+                    self._reason(e.name if isinstance(e, Error) else type(e).__name__)
+                    for i in held:
+                        results[i] = e
+                    held = []
             if outcomes is None:
                 single = sorted(single + held)
                 held = []
@@ -544,18 +563,18 @@ class KvtierWorker(OffloadingWorker):
         finally:
             for loan in loans:
                 loan.close()  # a delete waits for the loan
+        for i in sorted(refused):  # before anything else can raise
+            e = results[i]
+            if i in held and isinstance(e, Error) and e.code in PAYLOAD_FAULTS:
+                self._drop(keys[i])  # served but refused: see _load_chunk
+            self._reason(e.name if isinstance(e, Error) else type(e).__name__)
+            log.warning("kvtier.vllm: load of chunk %s failed, recomputing: %s", keys[i], e)
         for i in single:  # each logs its own failure
             try:
                 results[i] = self._load_chunk(keys[i], blocks[i])
-            except Error as e:
+            except Exception as e:  # as _task counts it
                 results[i] = e
-                self._reason(e.name)
-        for i in sorted(refused):
-            e = results[i]
-            if i in held and e.code in PAYLOAD_FAULTS:
-                self._drop(keys[i])  # served but refused: see _load_chunk
-            self._reason(e.name)
-            log.warning("kvtier.vllm: load of chunk %s failed, recomputing: %s", keys[i], e)
+                self._reason(e.name if isinstance(e, Error) else type(e).__name__)
         return results
 
     def _fetch(self, key: Key) -> Tuple[Optional[Loan], Optional[np.ndarray]]:

@@ -209,6 +209,10 @@ struct kvt_gpu_layout {
   const void *sealed_dst;
   const void *batch_dst;
   uint32_t batch_n;
+  /* A batched store's per-payload error codes (device [item_words], grown on
+   * demand), so that finish seals the payloads that stored cleanly. */
+  uint32_t *item_codes;
+  uint32_t item_words;
   /* Format 2 checksums of device payloads: the pieces' digests (device
    * scratch, grown on demand; calls on one layout take turns). */
   uint64_t *digests;
@@ -418,6 +422,7 @@ void kvt_gpu_layout_destroy(kvt_gpu_layout *L) {
   kvt_gpurt_free(L->dev_ptrs);
   kvt_gpurt_free(L->dev_aux);
   kvt_gpurt_free(L->digests);
+  kvt_gpurt_free(L->item_codes);
   if (L->copy_stream)
     (void)kvt_gpurt_sync(L->copy_stream);
   kvt_gpurt_stream_destroy(L->copy_stream);
@@ -810,6 +815,7 @@ static int store_staged(kvt_gpu_layout *L, const kvt_gpu_kparams *kp, const stor
       kvt_gpu_sec_items seals;
       items.n = seals.n = ni;
       items.base = i0;
+      items.codes = batched ? L->item_codes : NULL;
       seals.reserved = 0;
       for (uint32_t k = 0; k < ni && batched; k++) {
         uint8_t *body = (uint8_t *)((uintptr_t)(buf + k * stride) - begin);
@@ -1075,6 +1081,20 @@ int kvt_gpu_store_batch_async(kvt_gpu_layout *L, kvt_gpu_store_item *items_, uin
     kvt_dealloc(ctx, t);
     return rc;
   }
+  int e = 0;
+  if (n > L->item_words) { /* grown once per new largest batch (cudaFree waits) */
+    kvt_gpurt_free(L->item_codes);
+    L->item_codes = NULL;
+    L->item_words = 0;
+    if ((e = kvt_gpurt_malloc((void **)&L->item_codes, (size_t)n * sizeof(uint32_t))) == 0)
+      L->item_words = n;
+  }
+  if (e == 0)
+    e = kvt_gpurt_zero_async(L->item_codes, (size_t)n * sizeof(uint32_t), stream);
+  if (e) {
+    kvt_dealloc(ctx, t);
+    return cuda_fail(ctx, e, "the batch's error codes (cudaMalloc, cudaMemsetAsync)");
+  }
   L->sealed_dst = NULL;
   L->batch_dst = NULL;
   for (k = 0; k < n; k++) {
@@ -1107,11 +1127,36 @@ int kvt_gpu_store_batch_finish(kvt_gpu_layout *L, kvt_gpu_store_item *items, uin
   int e = kvt_gpurt_sync(stream);
   if (e)
     return cuda_fail(ctx, e, "cudaStreamSynchronize after the batched store");
-  if ((e = store_status(L, 1)) != 0)
-    return e;
-  for (uint32_t k = 0; k < n; k++)
-    kvt_header_seal(store_item(items, k)->dst);
-  return 0;
+  const int rc = store_status(L, 1);
+  if (rc == 0) {
+    for (uint32_t k = 0; k < n; k++)
+      kvt_header_seal(store_item(items, k)->dst);
+    return 0;
+  }
+  /* Seal the payloads that stored cleanly; a failed one's len becomes 0. */
+  uint32_t *codes = kvt_alloc(ctx, (size_t)n * sizeof(uint32_t), 64);
+  e = codes ? kvt_gpurt_copy_d2h(codes, L->item_codes, (size_t)n * sizeof(uint32_t)) : -ENOMEM;
+  if (e) { /* none sealed: every payload counts as failed */
+    for (uint32_t k = 0; k < n; k++)
+      store_item(items, k)->len = 0;
+    kvt_dealloc(ctx, codes);
+    return rc;
+  }
+  char why[256];
+  snprintf(why, sizeof(why), "%s", kvt_ctx_last_error(ctx));
+  uint32_t failed = 0;
+  for (uint32_t k = 0; k < n; k++) {
+    kvt_gpu_store_item *it = store_item(items, k);
+    if (codes[k]) {
+      it->len = 0;
+      failed++;
+    } else {
+      kvt_header_seal(it->dst);
+    }
+  }
+  kvt_dealloc(ctx, codes);
+  return kvt_fail(ctx, rc, "%s (%u of %u chunks failed, their len set to 0; the others are "
+                  "sealed and valid)", why, failed, n);
 }
 
 /* ---- load ---- */
@@ -1374,6 +1419,7 @@ static int load_staged(kvt_gpu_layout *L, const staged_item *it, uint32_t n,
       kvt_gpu_sec_items checks;
       items.n = checks.n = ni;
       items.base = i0;
+      items.codes = NULL;
       checks.reserved = 0;
       for (uint32_t k = 0; k < ni && ni > 1; k++) {
         uint8_t *body = (uint8_t *)((uintptr_t)(buf + k * stride) - begin);
@@ -1706,6 +1752,7 @@ int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items_, uint3
     for (uint32_t i0 = 0; rc == 0 && i0 < n; i0 += group.n) {
       group.n = n - i0 < KVT_GPU_BATCH_MAX ? n - i0 : KVT_GPU_BATCH_MAX;
       group.base = i0;
+      group.codes = NULL;
       for (uint32_t k = 0; k < group.n; k++) {
         const kvt_gpu_item one = {st[i0 + k].table, st[i0 + k].slots, NULL};
         group.it[k] = one;

@@ -212,6 +212,7 @@ struct sec_ctx {
   uint64_t base;        /* engine address of layout layer's (block 0, off 0, head 0) */
   const int64_t *slots; /* the chunk's slots */
   uint32_t item;        /* the payload's index in its batch (0 unbatched) */
+  uint32_t *codes;      /* a batched store: per payload, its first error (NULL) */
 };
 
 /* The section of blockIdx.y of the payload at `payload` whose tokens are at
@@ -228,6 +229,7 @@ __device__ __forceinline__ sec_ctx section(const kvt_gpu_kparams &p, uint8_t *pa
   s.base = p.ptrs[s.kind * p.layout_layers + (abs - p.layout_begin)];
   s.slots = slots;
   s.item = 0;
+  s.codes = nullptr;
   return s;
 }
 
@@ -275,6 +277,8 @@ __device__ __forceinline__ float *amax_of(const kvt_gpu_kparams &p) {
 
 __device__ void report(const kvt_gpu_kparams &p, int code, const sec_ctx &s, uint32_t t,
                        uint32_t h, uint32_t d) {
+  if (s.codes) /* which payloads of a batch failed: finish seals the others */
+    atomicCAS(&s.codes[s.item], 0u, (unsigned)code);
   if (atomicCAS(&p.status->code, 0, code) == 0) {
     p.status->item = s.item;
     p.status->layer = p.layer_begin + s.li;
@@ -672,6 +676,7 @@ __device__ __forceinline__ sec_ctx section_of(const kvt_gpu_kparams &p,
     const kvt_gpu_item &it = items.v.it[blockIdx.z];
     sec_ctx s = section(p, it.payload, it.slots);
     s.item = items.v.base + blockIdx.z;
+    s.codes = items.v.codes;
     return s;
   }
   (void)items;

@@ -60,6 +60,9 @@ extern "C" int kvt_gpurt_copy_default(void *dst, const void *src, size_t n) {
 extern "C" int kvt_gpurt_malloc(void **p, size_t n) { return (int)cudaMalloc(p, n); }
 extern "C" void kvt_gpurt_free(void *p) { cudaFree(p); }
 extern "C" int kvt_gpurt_zero(void *p, size_t n) { return (int)cudaMemset(p, 0, n); }
+extern "C" int kvt_gpurt_zero_async(void *p, size_t n, void *stream) {
+  return (int)cudaMemsetAsync(p, 0, n, static_cast<cudaStream_t>(stream));
+}
 
 extern "C" int kvt_gpurt_copy_h2d(void *dst, const void *src, size_t n) {
   return (int)cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);

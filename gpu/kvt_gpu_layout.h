@@ -121,7 +121,8 @@ typedef struct kvt_gpu_item {
 } kvt_gpu_item;
 typedef struct kvt_gpu_items {
   uint32_t n;
-  uint32_t base; /* the batch's index of it[0] (a store's status names the item) */
+  uint32_t base;   /* the batch's index of it[0] (a store's status names the item) */
+  uint32_t *codes; /* a batched store: device [batch], each payload's first error, or NULL */
   kvt_gpu_item it[KVT_GPU_BATCH_MAX];
 } kvt_gpu_items;
 KVT_GPU_STATIC_ASSERT(sizeof(kvt_gpu_item) == 24, "kvt_gpu_item layout");
@@ -190,6 +191,7 @@ int kvt_gpurt_copy_default(void *dst, const void *src, size_t n);
 int kvt_gpurt_host_unregister(void *p);
 int kvt_gpurt_malloc(void **p, size_t n);
 int kvt_gpurt_zero(void *p, size_t n);
+int kvt_gpurt_zero_async(void *p, size_t n, void *stream);
 void kvt_gpurt_free(void *p);
 int kvt_gpurt_copy_h2d(void *dst, const void *src, size_t n);
 int kvt_gpurt_copy_d2h(void *dst, const void *src, size_t n);

@@ -1437,7 +1437,8 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
           fail_msg("%s: batched store %d: item %u differs from its single store", specs[c], m, i);
     }
     /* A NaN in one chunk's values (quantized unless raw): finish names the
-     * chunk; the cache is then restored. */
+     * chunk, sets its len to 0 and seals the others; the cache is then
+     * restored. */
     const uint32_t nan_item = c == 0 ? 0 : 1 + rnd() % (BATCH_N - 1);
     const uint16_t nan16 = 0x7FC1;
     CUDA_OK(cudaMemcpy((uint16_t *)e.dev[0][2] + eidx(&e, 1, nan_item * s.tokens + 3 + 7, 1, 5),
@@ -1450,6 +1451,17 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
     if (c == 0 ? src != 0 : src != KVT_ENONFINITE || !strstr(kvt_ctx_last_error(ctx), nan_what))
       fail_msg("%s: NaN in item %u: %s %s", specs[c], nan_item, kvt_err_name(src),
                kvt_ctx_last_error(ctx));
+    /* The other chunks are sealed and are their single stores' bytes. */
+    for (uint32_t i = 0; i < BATCH_N && c != 0; i++) {
+      if (i == nan_item) {
+        assert_int_equal(bitems[i].len, 0);
+        continue;
+      }
+      if (bitems[i].len != len[i] || memcmp(bitems[i].dst, pay[i], len[i]) != 0 ||
+          kvt_payload_verify(ctx, bitems[i].dst, len[i], NULL) != 0)
+        fail_msg("%s: NaN in item %u: item %u was not sealed as its single store", specs[c],
+                 nan_item, i);
+    }
     engine_upload(&e);
     cudaFreeHost(bpay);
 

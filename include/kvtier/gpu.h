@@ -260,10 +260,11 @@ typedef struct kvt_gpu_store_item {
  * before anything is launched (kvt_gpu_store_async's errors, the detail
  * naming "item k"). Needs staging memory whose slots hold one layer of a
  * chunk (KVT_ENOTSUP otherwise; use kvt_gpu_store_async). Returns without
- * waiting; kvt_gpu_store_batch_finish, with the same items, waits, reports
- * a NaN/Inf or i4 range error as kvt_gpu_store_finish does (naming the
- * item; the detail says which chunk; every payload of the batch is then
- * invalid) and writes each header checksum. The batch counts as the
+ * waiting; kvt_gpu_store_batch_finish, with the same items, waits and
+ * writes each header checksum. A NaN/Inf or i4 range error is reported as
+ * kvt_gpu_store_finish reports it, naming the item (and how many failed):
+ * the chunks that stored cleanly are still sealed and valid, each failed
+ * one's len is set to 0 (its bytes are garbage). The batch counts as the
  * handle's one store in flight; finish it on the stream it was launched on,
  * with the same items. The destinations must be distinct and not in use by
  * work still queued on the GPU (the headers are written from the host at

@@ -4,11 +4,14 @@ they are read from the engine's extra configuration."""
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from .cache import Cache, Loan
 from .codec import CodecSpec
+from .errors import Error, ErrorCode
 
 
 @dataclass(frozen=True)
@@ -52,3 +55,20 @@ def options_from(extra: Mapping[str, Any], prefix: str,
     return dict(tiers=tiers, codec=codec, threads=threads, model_id=extra.get(prefix + "model_id"),
                 write_through=flag(extra.get(prefix + "write_through", True)),
                 verify=flag(extra.get(prefix + "verify", False)))
+
+
+def borrow_lent(cache: Cache, key: Any) -> Tuple[Optional[Loan], Optional[Error], bool]:
+    """The loan of key's payload where a memory tier of cache lends it in
+    place: (the loan, or None where no tier lends it here - a shared tier may
+    still have it; the Error of a miss the cache reported; False where the
+    cache cannot lend at all, its only tier being one that cannot)."""
+    try:
+        loan = cache.borrow(key)
+    except Error as e:
+        if e.code in (ErrorCode.ENOTSUP, -errno.EAGAIN):
+            return None, None, not (e.code == ErrorCode.ENOTSUP and cache.tier_count == 1)
+        return None, e, True
+    if loan is not None and loan.array is None:  # not in place (device memory)
+        loan.close()
+        loan = None
+    return loan, None, True

@@ -44,7 +44,7 @@ import numpy as np
 
 from ._buffers import DTYPE_BF16, DTYPE_F16, Tensor
 from .cache import Cache
-from ._engines import EngineOptions, options_from
+from ._engines import EngineOptions, borrow_lent, options_from
 from .codec import decode, encode_bound, encode_into
 from .errors import PAYLOAD_FAULTS, Error, ErrorCode, Refused
 from .keys import Key, ModelDesc, chunk_key, fingerprint
@@ -529,17 +529,13 @@ class KvtierStoragePlugin(StoragePluginInterface):
                   out: List[Optional[MemoryObj]], i: int, busy: bool) -> bool:
         """Decodes kk's payload from the memory tier lending it into out[i];
         False where no tier lends it (then it is read with the others)."""
-        try:
-            loan = self.cache.borrow(kk)
-        except Error as e:
-            if e.code == ErrorCode.ENOTSUP and self.cache.tier_count == 1:
-                self._lending = False  # the only tier cannot lend (nvme, remote)
-            if e.code not in (ErrorCode.ENOTSUP, -errno.EAGAIN):
-                log.warning("kvtier.lmcache: %s is a miss: %s", key, e)
-            return e.code not in (ErrorCode.ENOTSUP, -errno.EAGAIN)
-        if loan is None or loan.array is None:  # a miss here; a shared tier may have it
-            if loan is not None:
-                loan.close()
+        loan, miss, lends = borrow_lent(self.cache, kk)
+        if not lends:
+            self._lending = False  # the only tier cannot lend (nvme, remote)
+        if miss is not None:
+            log.warning("kvtier.lmcache: %s is a miss: %s", key, miss)
+            return True
+        if loan is None:  # a miss here; a shared tier may have it
             return False
         with loan:  # a delete of the key waits for the loan: drop after it
             try:

@@ -34,7 +34,7 @@ import numpy as np
 
 from ._buffers import DTYPE_BF16, DTYPE_F16, Tensor
 from .cache import Cache
-from ._engines import EngineOptions, options_from
+from ._engines import EngineOptions, borrow_lent, options_from
 from .codec import decode, encode_bound, encode_into
 from .errors import PAYLOAD_FAULTS, Error, ErrorCode, Refused
 from .keys import Key, ModelDesc, chunk_key, fingerprint
@@ -443,17 +443,13 @@ class KvtierHiCacheStorage(HiCacheStorage):
                   i: int) -> bool:
         """Decodes key's payload from the memory tier lending it; False where
         no tier lends it (then it is read with the others)."""
-        try:
-            loan = cache.borrow(key)
-        except Error as e:
-            if e.code == ErrorCode.ENOTSUP and cache.tier_count == 1:
-                self._lending = False  # the only tier cannot lend (nvme, remote)
-            if e.code not in (ErrorCode.ENOTSUP, -errno.EAGAIN):
-                log.warning("kvtier.sglang: page %s is a miss: %s", key, e)
-            return e.code not in (ErrorCode.ENOTSUP, -errno.EAGAIN)
-        if loan is None or loan.array is None:  # a miss here; a shared tier may have it
-            if loan is not None:
-                loan.close()
+        loan, miss, lends = borrow_lent(cache, key)
+        if not lends:
+            self._lending = False  # the only tier cannot lend (nvme, remote)
+        if miss is not None:
+            log.warning("kvtier.sglang: page %s is a miss: %s", key, miss)
+            return True
+        if loan is None:  # a miss here; a shared tier may have it
             return False
         with loan:  # a delete of the key waits for the loan: drop after it
             fault = self._decode(key, loan.array, kv)

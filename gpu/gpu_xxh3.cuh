@@ -164,6 +164,16 @@ template <int B> __device__ __forceinline__ void blocks(uint64_t &acc, const uin
   }
 }
 
+/* Accumulator `lane`'s initial value (of P32_3, P64_1, P64_2, P64_3, P64_4,
+ * P32_2, P64_5, P32_1), without indexing a local array, which would put
+ * the array on the stack. */
+__device__ __forceinline__ uint64_t init_acc(int lane) {
+  const uint64_t a = lane & 1 ? P64_1 : P32_3, b = lane & 1 ? P64_3 : P64_2;
+  const uint64_t c = lane & 1 ? P32_2 : P64_4, d = lane & 1 ? P32_1 : P64_5;
+  const uint64_t lo = lane & 2 ? b : a, hi = lane & 2 ? d : c;
+  return lane & 4 ? hi : lo;
+}
+
 /* The end of a long hash: the 8 accumulators merged into the hash, which
  * every lane of the group gets. */
 __device__ __forceinline__ uint64_t finish_long(uint64_t acc, uint64_t len, int lane,
@@ -182,8 +192,7 @@ __device__ __forceinline__ uint64_t finish_long(uint64_t acc, uint64_t len, int 
 /* len > 240: a group of 8 lanes (lane = its index in the group); every lane
  * gets the hash. */
 __device__ uint64_t hash_long(const uint8_t *in, uint64_t len, int lane, unsigned gmask) {
-  const uint64_t init[8] = {P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1};
-  uint64_t acc = init[lane];
+  uint64_t acc = init_acc(lane);
   const uint64_t block_len = 1024, nblocks = (len - 1) / block_len;
   uint64_t b = 0;
   for (; b + 4 <= nblocks; b += 4)

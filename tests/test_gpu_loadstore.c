@@ -1037,6 +1037,54 @@ static int load_verdict(fixture *f, kvt_gpu_layout *L, const void *p, size_t len
   return rc;
 }
 
+/* A device payload of 320 MiB (16 sections of 20 MiB): its digests are too
+ * many for the last CTA's combine, so the GPU combines them in a kernel of
+ * several CTAs and marks verdicts done after it. The GPU's seal is the CPU
+ * codec's bytes; a checked load and a load with a verdict pass, and a flip
+ * in the first or the last section is that section's KVT_ECHECKSUM. */
+static void test_gpu_device_payload_over_256mib_combined_apart(void **state) {
+  (void)state;
+  const shape s = {8, 10240, 8, 128};
+  fixture f;
+  fixture_make(&f, "raw", &s);
+  uint8_t *dpay;
+  CUDA_OK(cudaMalloc((void **)&dpay, f.len));
+  size_t dlen = 0;
+  assert_int_equal(kvt_gpu_store(f.L, &f.sp, dpay, f.len, &dlen, stream), 0);
+  assert_int_equal(dlen, f.len);
+  uint8_t *back = malloc(f.len);
+  assert_non_null(back);
+  CUDA_OK(cudaMemcpy(back, dpay, f.len, cudaMemcpyDeviceToHost));
+  assert_memory_equal(back, f.pay, f.len);
+  kvt_gpu_verdict *v = pinned(sizeof(*v));
+  int vrc = -1;
+  assert_int_equal(load_verdict(&f, f.L, dpay, f.len, v, 0, &vrc), 0);
+  assert_int_equal(vrc, 0);
+  const uint32_t flips[2] = {0, 2 * s.layers - 1};
+  for (int i = 0; i < 2; i++) {
+    kvt_section_info si;
+    assert_int_equal(kvt_payload_section(ctx, back, f.len, flips[i], &si), 0);
+    const size_t at = si.offset + (i ? si.stored_size - 3 : 5);
+    const uint8_t bad = (uint8_t)(back[at] ^ 0x04);
+    CUDA_OK(cudaMemcpy(dpay + at, &bad, 1, cudaMemcpyHostToDevice));
+    assert_int_equal(load_verdict(&f, f.L, dpay, f.len, v, 0, &vrc), 0);
+    assert_int_equal(vrc, KVT_ECHECKSUM);
+    assert_int_equal(v->bad_section, flips[i]);
+    kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+    lp.tokens = f.sp.tokens;
+    lp.slots = f.dslots;
+    assert_int_equal(kvt_gpu_load(f.L, dpay, f.len, &lp, stream), KVT_ECHECKSUM);
+    CUDA_OK(cudaMemcpy(dpay + at, &back[at], 1, cudaMemcpyHostToDevice));
+  }
+  assert_int_equal(load_verdict(&f, f.L, dpay, f.len, v, 0, &vrc), 0);
+  assert_int_equal(vrc, 0);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  cudaFreeHost(v);
+  cudaFree(dpay);
+  free(back);
+  fixture_free(&f);
+}
+
 /* Every layer of the downloaded cache `got` equals `want`'s, except layer
  * `skip`'s, which equals `bg`'s (skip -1: none; -2: every layer is bg's). */
 static void expect_layers(const engine *e, const uint16_t *got, const uint16_t *want,
@@ -1858,6 +1906,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_load_rejects_bad_payloads),
       cmocka_unit_test(test_gpu_device_payload_bit_flips_are_caught),
       cmocka_unit_test(test_gpu_device_payload_large_section_and_foreign_table),
+      cmocka_unit_test(test_gpu_device_payload_over_256mib_combined_apart),
       cmocka_unit_test(test_gpu_staged_store_and_loads_verified_on_gpu),
       cmocka_unit_test(test_gpu_batched_loads_equal_single_loads_and_fail_per_payload),
       cmocka_unit_test(test_gpu_load_from_memory_tier_loans_in_place),

@@ -186,7 +186,7 @@ struct kvt_gpu_layout {
   kvt_ctx *ctx;
   kvt_gpu_layout_desc d; /* the descriptor, pointer arrays dropped */
   uint64_t *dev_ptrs;    /* [2 * layers]: K bases, then V bases */
-  uint8_t *dev_aux;      /* kvt_gpu_status, then 2 * KVT_MAX_LAYERS amax floats */
+  uint8_t *dev_aux;      /* kvt_gpu_status, then the amax floats (AUX_BYTES) */
   int align16, align4;   /* every base and stride allows 16- / 4-byte accesses */
   /* Staged loads (kvt_gpu_load): NSLOT device slots of slot_bytes, a copy
    * stream, and per slot an event after its copy and one after the kernels
@@ -205,10 +205,12 @@ struct kvt_gpu_layout {
   uint64_t *slot_digests[NSLOT];
   uint64_t slot_digest_words[NSLOT];
   /* The pinned payload the last kvt_gpu_store_async sealed on the GPU; the
-   * first payload and count of the last kvt_gpu_store_batch_async. */
+   * first payload, count and every destination (batch_tag) of the last
+   * kvt_gpu_store_batch_async. */
   const void *sealed_dst;
   const void *batch_dst;
   uint32_t batch_n;
+  uint64_t batch_tag;
   /* A batched store's per-payload error codes (device [item_words], grown on
    * demand), so that finish seals the payloads that stored cleanly. */
   uint32_t *item_codes;
@@ -474,6 +476,48 @@ static int payload_addr(kvt_ctx *ctx, const void *p, int *kind, uint8_t **dev) {
     return kvt_fail(ctx, KVT_ESHAPE, "payload at %p is not 16-byte aligned", p);
   *dev = d;
   return 0;
+}
+
+/* One item's bytes in a batch (its destination or its verdict). */
+typedef struct item_range {
+  uintptr_t lo, hi;
+  uint32_t k;
+} item_range;
+
+static int range_cmp(const void *a, const void *b) {
+  const item_range *x = a, *y = b;
+  if (x->lo != y->lo)
+    return x->lo < y->lo ? -1 : 1;
+  return x->k < y->k ? -1 : x->k > y->k;
+}
+
+/* Refuses (-EINVAL, naming the two items) a batch where two items' `what`
+ * overlap: the pointer at byte `field` of each of the n items (`stride`
+ * bytes apart) and the len bytes after it. Two chunks stored into one
+ * destination race; two loads sharing a verdict end it early. */
+static int distinct_ranges(kvt_ctx *ctx, const void *items, size_t stride, size_t field,
+                           uint64_t len, uint32_t n, const char *fn, const char *what) {
+  if (n < 2)
+    return 0;
+  item_range *r = kvt_alloc(ctx, (size_t)n * sizeof(*r), 64);
+  if (!r)
+    return kvt_fail(ctx, -ENOMEM, "%s: %u items", fn, n);
+  for (uint32_t k = 0; k < n; k++) {
+    const void *p;
+    memcpy(&p, (const char *)items + (size_t)k * stride + field, sizeof(p));
+    r[k].lo = (uintptr_t)p;
+    r[k].hi = (uintptr_t)p + len;
+    r[k].k = k;
+  }
+  qsort(r, n, sizeof(*r), range_cmp);
+  int rc = 0;
+  for (uint32_t i = 1; i < n && rc == 0; i++)
+    if (r[i].lo < r[i - 1].hi)
+      rc = kvt_fail(ctx, -EINVAL, "%s: items %u and %u share %s bytes: each needs its own", fn,
+                    r[i - 1].k < r[i].k ? r[i - 1].k : r[i].k,
+                    r[i - 1].k < r[i].k ? r[i].k : r[i - 1].k, what);
+  kvt_dealloc(ctx, r);
+  return rc;
 }
 
 /* What a launch reads and writes, for the choice of its chunk. */
@@ -1000,6 +1044,17 @@ static kvt_gpu_store_item *store_item(kvt_gpu_store_item *items, uint32_t k) {
   return (kvt_gpu_store_item *)(void *)((char *)items + (size_t)k * items->struct_size);
 }
 
+/* A batch's destinations in one word (FNV-1a over their addresses), so that
+ * finish knows the items it is given for those of the batch in flight. */
+static uint64_t batch_tag(kvt_gpu_store_item *items, uint32_t n) {
+  uint64_t h = 14695981039346656037ull;
+  for (uint32_t k = 0; k < n; k++) {
+    h ^= (uint64_t)(uintptr_t)store_item(items, k)->dst;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
 int kvt_gpu_store_batch_async(kvt_gpu_layout *L, kvt_gpu_store_item *items_, uint32_t n,
                               void *stream) {
   if (!L)
@@ -1008,9 +1063,11 @@ int kvt_gpu_store_batch_async(kvt_gpu_layout *L, kvt_gpu_store_item *items_, uin
   kvt_clear_error(ctx);
   if (!items_ || !n)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_batch_async: no items");
-  if (items_->struct_size < sizeof(*items_))
+  if (items_->struct_size < sizeof(*items_) ||
+      items_->struct_size % _Alignof(kvt_gpu_store_item))
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_batch_async: items[0].struct_size %zu, at "
-                    "least %zu (KVT_GPU_STORE_ITEM_INIT)", items_->struct_size, sizeof(*items_));
+                    "least %zu and a multiple of %zu (KVT_GPU_STORE_ITEM_INIT)",
+                    items_->struct_size, sizeof(*items_), _Alignof(kvt_gpu_store_item));
   store_target *t = kvt_alloc(ctx, (size_t)n * sizeof(*t), 64);
   if (!t)
     return kvt_fail(ctx, -ENOMEM, "kvt_gpu_store_batch_async: %u items", n);
@@ -1077,6 +1134,9 @@ int kvt_gpu_store_batch_async(kvt_gpu_layout *L, kvt_gpu_store_item *items_, uin
     rc = kvt_fail(ctx, KVT_ENOTSUP, "kvt_gpu_store_batch_async: the handle has no staging "
                   "memory, or a layer of the chunk is larger than a staging slot (%" PRIu64
                   " bytes): use kvt_gpu_store_async", L->slot_bytes);
+  else
+    rc = distinct_ranges(ctx, items_, items_->struct_size, offsetof(kvt_gpu_store_item, dst),
+                         size0, n, "kvt_gpu_store_batch_async", "destination");
   if (rc) { /* nothing launched: a store or batch in flight keeps its finish */
     kvt_dealloc(ctx, t);
     return rc;
@@ -1107,6 +1167,7 @@ int kvt_gpu_store_batch_async(kvt_gpu_layout *L, kvt_gpu_store_item *items_, uin
       store_item(items_, k)->len = (size_t)size0;
     L->batch_dst = items_->dst;
     L->batch_n = n;
+    L->batch_tag = batch_tag(items_, n);
   }
   kvt_dealloc(ctx, t);
   return rc;
@@ -1118,8 +1179,10 @@ int kvt_gpu_store_batch_finish(kvt_gpu_layout *L, kvt_gpu_store_item *items, uin
     return -EINVAL;
   kvt_ctx *ctx = L->ctx;
   kvt_clear_error(ctx);
-  const int ours = items && n && items->struct_size >= sizeof(*items) && L->batch_dst &&
-                   L->batch_dst == items->dst && L->batch_n == n;
+  const int ours = items && n && items->struct_size >= sizeof(*items) &&
+                   items->struct_size % _Alignof(kvt_gpu_store_item) == 0 && L->batch_dst &&
+                   L->batch_dst == items->dst && L->batch_n == n &&
+                   L->batch_tag == batch_tag(items, n);
   if (!ours) /* the batch in flight, if any, keeps its finish */
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_store_batch_finish: not the items the last "
                     "kvt_gpu_store_batch_async on this handle stored");
@@ -1467,8 +1530,7 @@ static int load_staged(kvt_gpu_layout *L, const staged_item *it, uint32_t n,
 static int load_device_checked(kvt_gpu_layout *L, const uint8_t *dev, size_t len,
                                kvt_gpu_kparams *kp, const gpu_check *chk, void *const *events,
                                void *stream) {
-  const uint32_t slot = L->next_slot;
-  L->next_slot = (slot + 1) % NSLOT;
+  const uint32_t slot = take_slot(L);
   int e = kvt_gpurt_stream_wait(stream, L->ev_free[slot]);
   if (e)
     return cuda_fail(L->ctx, e, "cudaStreamWaitEvent");
@@ -1504,6 +1566,17 @@ KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_verdict, done) == 4 * KVT_GPU_VERDICT_DON
                       "verdict words");
 KVT_GPU_STATIC_ASSERT(offsetof(kvt_gpu_verdict, bad_section) == 4 * KVT_GPU_VERDICT_BAD,
                       "verdict words");
+
+/* A load's verdict before the launch: no mismatch, and done unless the GPU
+ * checks the load (else every check has run). */
+static void verdict_reset(kvt_gpu_verdict *v, uint32_t layer_begin, uint32_t count,
+                          int gpu_checked) {
+  memset(v, 0, sizeof(*v));
+  v->bad_section = UINT32_MAX;
+  v->layer_begin = layer_begin;
+  v->sections = 2 * count;
+  v->done = gpu_checked ? 0 : 1;
+}
 
 int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
                  const kvt_gpu_load_params *p, void *stream) {
@@ -1586,13 +1659,8 @@ int kvt_gpu_load(kvt_gpu_layout *L, const void *payload, size_t len,
   if (rc)
     return rc;
   gpu_check chk = {dev, in.version_major, vdev, copy_used, expect_header};
-  if (verdict) {
-    memset(verdict, 0, sizeof(*verdict));
-    verdict->bad_section = UINT32_MAX;
-    verdict->layer_begin = in.layer_begin;
-    verdict->sections = 2 * count;
-    verdict->done = gpu_checked ? 0 : 1; /* else every check has run */
-  }
+  if (verdict)
+    verdict_reset(verdict, in.layer_begin, count, gpu_checked);
   if (gpu_checked && kind == KVT_GPU_MEM_DEVICE)
     return load_device_checked(L, dev, len, &kp, &chk, p->layer_events, stream);
   if (kind == KVT_GPU_MEM_PINNED && L->staging && !(p->flags & KVT_GPU_LOAD_ZERO_COPY) &&
@@ -1686,6 +1754,28 @@ static const kvt_gpu_load_item *load_item(const kvt_gpu_load_item *items, uint32
                                                    (size_t)k * items->struct_size);
 }
 
+/* A batch the kernels read from host memory (zero copy), up to
+ * KVT_GPU_BATCH_MAX payloads a launch; layer events after the last group's
+ * layers. */
+static int load_in_place(kvt_gpu_layout *L, const staged_item *st, uint32_t n,
+                         const kvt_gpu_kparams *kp, void *const *events, void *stream) {
+  kvt_gpu_items group;
+  int rc = 0;
+  for (uint32_t i0 = 0; rc == 0 && i0 < n; i0 += group.n) {
+    group.n = n - i0 < KVT_GPU_BATCH_MAX ? n - i0 : KVT_GPU_BATCH_MAX;
+    group.base = i0;
+    group.codes = NULL;
+    for (uint32_t k = 0; k < group.n; k++) {
+      const kvt_gpu_item one = {st[i0 + k].table, st[i0 + k].slots, NULL};
+      group.it[k] = one;
+    }
+    rc = launch_layers(L, kp, &group, i0 + group.n == n ? events : NULL, 0, stream);
+  }
+  if (rc) /* earlier groups' kernels may still read the payloads: let them end */
+    (void)kvt_gpurt_sync(stream);
+  return rc;
+}
+
 int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items_, uint32_t n,
                        const kvt_gpu_load_params *p, void *stream) {
   if (!L)
@@ -1694,9 +1784,11 @@ int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items_, uint3
   kvt_clear_error(ctx);
   if (!items_ || !n || !p || p->struct_size < sizeof(*p))
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_load_batch: NULL items or params, or old params");
-  if (items_->struct_size < sizeof(*items_))
+  if (items_->struct_size < sizeof(*items_) ||
+      items_->struct_size % _Alignof(kvt_gpu_load_item))
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_load_batch: items[0].struct_size %zu, at least %zu "
-                    "(KVT_GPU_LOAD_ITEM_INIT)", items_->struct_size, sizeof(*items_));
+                    "and a multiple of %zu (KVT_GPU_LOAD_ITEM_INIT)", items_->struct_size,
+                    sizeof(*items_), _Alignof(kvt_gpu_load_item));
   if (p->expect_key || p->slots || p->header || p->verdict)
     return kvt_fail(ctx, -EINVAL, "kvt_gpu_load_batch: expect_key, slots, header and verdict "
                     "are per payload (kvt_gpu_load_item), not in the shared params");
@@ -1706,6 +1798,13 @@ int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items_, uint3
       return kvt_fail(ctx, -EINVAL, "kvt_gpu_load_batch: item %u %s a verdict and item 0 "
                       "%s: all items have one or none does", k,
                       verdicts ? "lacks" : "has", verdicts ? "has" : "does not");
+  int rc = verdicts ? distinct_ranges(ctx, items_, items_->struct_size,
+                                      offsetof(kvt_gpu_load_item, verdict),
+                                      sizeof(kvt_gpu_verdict), n, "kvt_gpu_load_batch",
+                                      "verdict")
+                    : 0;
+  if (rc)
+    return rc;
   staged_item *st = kvt_alloc(ctx, (size_t)n * sizeof(*st), 64);
   if (!st)
     return kvt_fail(ctx, -ENOMEM, "kvt_gpu_load_batch: %u items", n);
@@ -1713,7 +1812,7 @@ int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items_, uint3
    * decides whether the others' sections are hashed here. */
   kvt_payload_info first;
   kvt_gpu_kparams kp;
-  int rc = batch_item(L, load_item(items_, 0), 0, p, &first, &kp, 0, &st[0]);
+  rc = batch_item(L, load_item(items_, 0), 0, p, &first, &kp, 0, &st[0]);
   const int gpu_checked = rc == 0 && verdicts && L->staging && first.version_major >= 2 &&
                           !(p->flags & (KVT_GPU_LOAD_TRUST_HOST | KVT_GPU_LOAD_ZERO_COPY)) &&
                           stageable(L, &kp);
@@ -1729,14 +1828,8 @@ int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items_, uint3
       kvt_dealloc(ctx, st);
       return item_fail(ctx, k, rc);
     }
-  for (uint32_t k = 0; k < n && verdicts; k++) {
-    kvt_gpu_verdict *v = load_item(items_, k)->verdict;
-    memset(v, 0, sizeof(*v));
-    v->bad_section = UINT32_MAX;
-    v->layer_begin = first.layer_begin;
-    v->sections = 2 * kp.count;
-    v->done = gpu_checked ? 0 : 1; /* else every check has run */
-  }
+  for (uint32_t k = 0; k < n && verdicts; k++)
+    verdict_reset(load_item(items_, k)->verdict, first.layer_begin, kp.count, gpu_checked);
   const int staged = L->staging && !(p->flags & KVT_GPU_LOAD_ZERO_COPY) && stageable(L, &kp) &&
                      (gpu_checked || (p->flags & KVT_GPU_LOAD_STAGED) ||
                       loaded_bytes(&kp) * n >= STAGE_MIN_BYTES);
@@ -1746,21 +1839,7 @@ int kvt_gpu_load_batch(kvt_gpu_layout *L, const kvt_gpu_load_item *items_, uint3
               &kp);
     rc = load_staged(L, st, n, &kp, gpu_checked ? &chk : NULL, p->layer_events, stream);
   } else {
-    /* The kernels read host memory, up to KVT_GPU_BATCH_MAX payloads a
-     * launch; layer events after the last group's layers. */
-    kvt_gpu_items group;
-    for (uint32_t i0 = 0; rc == 0 && i0 < n; i0 += group.n) {
-      group.n = n - i0 < KVT_GPU_BATCH_MAX ? n - i0 : KVT_GPU_BATCH_MAX;
-      group.base = i0;
-      group.codes = NULL;
-      for (uint32_t k = 0; k < group.n; k++) {
-        const kvt_gpu_item one = {st[i0 + k].table, st[i0 + k].slots, NULL};
-        group.it[k] = one;
-      }
-      rc = launch_layers(L, &kp, &group, i0 + group.n == n ? p->layer_events : NULL, 0, stream);
-    }
-    if (rc) /* earlier groups' kernels may still read the payloads: let them end */
-      (void)kvt_gpurt_sync(stream);
+    rc = load_in_place(L, st, n, &kp, p->layer_events, stream);
   }
   kvt_dealloc(ctx, st);
   return rc;

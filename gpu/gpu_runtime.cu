@@ -1,6 +1,6 @@
 /* gpu/gpu_runtime.cu - the CUDA runtime calls gpu/ needs, behind the C
- * wrappers declared in kvt_gpu_layout.h (kvt_gpurt_*), so C code (gpu_api.c,
- * the hbm tier) never includes a CUDA header. Each returns a cudaError_t as
+ * wrappers declared in kvt_gpu_layout.h (kvt_gpurt_*), so C code (the GPU
+ * API's host half, the hbm tier) never includes a CUDA header. Each returns a cudaError_t as
  * int. The kernels and their launchers are in gpu_kernels.cu. */
 #include <cuda_runtime.h>
 

@@ -1,8 +1,9 @@
-/* gpu/kvt_gpu_layout.h - what the host side (gpu_api.c, C) hands the store
- * and load kernels (CUDA): the engine layout, the payload geometry and the
- * device status word, in plain fixed-size structs shared by both compilers,
- * with their sizes asserted so the two never disagree. Also the payload
- * section-offset arithmetic both sides use. Internal: not installed. */
+/* gpu/kvt_gpu_layout.h - what the host side (gpu_layout.c, gpu_store.c,
+ * gpu_load.c: C) hands the store and load kernels (CUDA): the engine
+ * layout, the payload geometry and the device status word, in plain
+ * fixed-size structs shared by both compilers, with their sizes asserted so
+ * the two never disagree. Also the payload section-offset arithmetic both
+ * sides use. Internal: not installed. */
 #ifndef KVT_GPU_LAYOUT_H
 #define KVT_GPU_LAYOUT_H
 
@@ -92,7 +93,7 @@ typedef struct kvt_gpu_kparams {
   uint32_t chunk;          /* elements per lane step: 1, 2, 8, 16 or 32 */
   uint32_t part;           /* i4 token-grouped loads: tokens per thread (0: the kernel's choice) */
   /* Divisors of the index arithmetic (kvt_gpu_fdiv); every numerator is
-   * below 2^32 (gpu_api.c refuses larger shapes). */
+   * below 2^32 (gpu_layout.c refuses larger shapes). */
   kvt_gpu_fdiv fd_heads, fd_block_size, fd_block, fd_cpr, fd_cpr8, fd_cpr16, fd_groups;
   kvt_gpu_fdiv fd_group;
   uint32_t flags;          /* KVT_GPU_KP_*: */

@@ -1,8 +1,8 @@
 /* serde/payload_layout.h - the payload's header and section table as fields
  * (FORMAT.md sections 1 and 2), for code that writes or reads them outside
- * serde: the GPU store and load (gpu/gpu_api.c). Their byte offsets stay in
- * serde (serde_internal.h); serde's own writer and parser use these helpers
- * too. Internal: not installed. No helper checks anything; the parser does.
+ * serde: the GPU store and load (gpu/gpu_store.c, gpu/gpu_load.c). Their
+ * byte offsets stay in serde (serde_internal.h); serde's own writer and
+ * parser use these helpers too. Internal: not installed. No helper checks anything; the parser does.
  * Device code (nvcc) sees only the constants. */
 #ifndef KVT_PAYLOAD_LAYOUT_H
 #define KVT_PAYLOAD_LAYOUT_H

@@ -1386,7 +1386,8 @@ static int batch_load(kvt_gpu_layout *L, uint8_t *const *pay, const size_t *len,
 }
 
 /* kvt_gpu_store_batch_async writes the bytes single stores write, and
- * names the chunk holding a NaN. kvt_gpu_load_batch writes what a
+ * names the chunk holding a NaN (also in a second launch's chunks), sealing
+ * the others. kvt_gpu_load_batch writes what a
  * kvt_gpu_load of each payload writes - verified on the GPU through the
  * default staging and through slots that hold one layer of 3 payloads
  * (payloads split over pieces), checked on the host and read in place (zero
@@ -1395,9 +1396,11 @@ static int batch_load(kvt_gpu_layout *L, uint8_t *const *pay, const size_t *len,
  * payload is that payload's verdict (KVT_ECHECKSUM, the section named), its
  * failing piece's layers are left as they were and every other payload
  * loads; checked on the host, the call fails naming the item and loads
- * nothing. Refused: mixed verdicts, shared per-payload fields, another
- * geometry, device memory, a foreign key; batched stores of another
- * geometry, into device memory, without staging, a finish of other items. */
+ * nothing. Refused: mixed or shared verdicts, shared per-payload fields,
+ * a misaligning item size, another geometry, device memory, a foreign key;
+ * batched stores of another geometry, into device memory, without staging,
+ * with a misaligning item size or overlapping destinations, a finish of
+ * other items (also one sharing only the first destination and count). */
 static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void **state) {
   (void)state;
   const shape s = {4, 48, 2, 64};
@@ -1486,31 +1489,38 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
     }
     /* A NaN in one chunk's values (quantized unless raw): finish names the
      * chunk, sets its len to 0 and seals the others; the cache is then
-     * restored. */
-    const uint32_t nan_item = c == 0 ? 0 : 1 + rnd() % (BATCH_N - 1);
-    const uint16_t nan16 = 0x7FC1;
-    CUDA_OK(cudaMemcpy((uint16_t *)e.dev[0][2] + eidx(&e, 1, nan_item * s.tokens + 3 + 7, 1, 5),
-                       &nan16, 2, cudaMemcpyHostToDevice));
-    int src = kvt_gpu_store_batch_async(Ls, bitems, BATCH_N, stream);
-    if (src == 0)
-      src = kvt_gpu_store_batch_finish(Ls, bitems, BATCH_N, stream);
-    char nan_what[48];
-    snprintf(nan_what, sizeof(nan_what), "item %u: V layer 2 token 7 head 1 dim 5", nan_item);
-    if (c == 0 ? src != 0 : src != KVT_ENONFINITE || !strstr(kvt_ctx_last_error(ctx), nan_what))
-      fail_msg("%s: NaN in item %u: %s %s", specs[c], nan_item, kvt_err_name(src),
-               kvt_ctx_last_error(ctx));
-    /* The other chunks are sealed and are their single stores' bytes. */
-    for (uint32_t i = 0; i < BATCH_N && c != 0; i++) {
-      if (i == nan_item) {
-        assert_int_equal(bitems[i].len, 0);
-        continue;
+     * restored. Through slots of one layer of 3 chunks, and through the
+     * default slots in the second launch's chunks (64 and up). */
+    for (int m = 0; m < 2; m++) {
+      kvt_gpu_layout *Lb = m ? L : Ls;
+      const uint32_t nan_item =
+          c == 0 ? 0 : m ? 64 + rnd() % (BATCH_N - 64) : 1 + rnd() % (BATCH_N - 1);
+      const uint16_t nan16 = 0x7FC1;
+      CUDA_OK(cudaMemcpy((uint16_t *)e.dev[0][2] +
+                             eidx(&e, 1, nan_item * s.tokens + 3 + 7, 1, 5),
+                         &nan16, 2, cudaMemcpyHostToDevice));
+      int src = kvt_gpu_store_batch_async(Lb, bitems, BATCH_N, stream);
+      if (src == 0)
+        src = kvt_gpu_store_batch_finish(Lb, bitems, BATCH_N, stream);
+      char nan_what[48];
+      snprintf(nan_what, sizeof(nan_what), "item %u: V layer 2 token 7 head 1 dim 5", nan_item);
+      if (c == 0 ? src != 0
+                 : src != KVT_ENONFINITE || !strstr(kvt_ctx_last_error(ctx), nan_what))
+        fail_msg("%s: NaN in item %u (%d): %s %s", specs[c], nan_item, m, kvt_err_name(src),
+                 kvt_ctx_last_error(ctx));
+      /* The other chunks are sealed and are their single stores' bytes. */
+      for (uint32_t i = 0; i < BATCH_N && c != 0; i++) {
+        if (i == nan_item) {
+          assert_int_equal(bitems[i].len, 0);
+          continue;
+        }
+        if (bitems[i].len != len[i] || memcmp(bitems[i].dst, pay[i], len[i]) != 0 ||
+            kvt_payload_verify(ctx, bitems[i].dst, len[i], NULL) != 0)
+          fail_msg("%s: NaN in item %u (%d): item %u was not sealed as its single store",
+                   specs[c], nan_item, m, i);
       }
-      if (bitems[i].len != len[i] || memcmp(bitems[i].dst, pay[i], len[i]) != 0 ||
-          kvt_payload_verify(ctx, bitems[i].dst, len[i], NULL) != 0)
-        fail_msg("%s: NaN in item %u: item %u was not sealed as its single store", specs[c],
-                 nan_item, i);
+      engine_upload(&e);
     }
-    engine_upload(&e);
     cudaFreeHost(bpay);
 
     engine_fill(&e, 0xFF);
@@ -1647,7 +1657,17 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
   lp.tokens = s.tokens;
   items[1].verdict = NULL;
   assert_int_equal(kvt_gpu_load_batch(L, items, 3, &lp, stream), -EINVAL);
+  /* Two items sharing a verdict: the first one's last piece would mark it
+   * done while the other's checks are still queued. */
+  items[1].verdict = &v[0];
+  assert_int_equal(kvt_gpu_load_batch(L, items, 3, &lp, stream), -EINVAL);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "items 0 and 1 share verdict"));
   items[1].verdict = &v[1];
+  /* An item size that would misalign the items after the first. */
+  items[0].struct_size = sizeof(items[0]) + 1;
+  assert_int_equal(kvt_gpu_load_batch(L, items, 1, &lp, stream), -EINVAL);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "multiple"));
+  items[0].struct_size = sizeof(items[0]);
   lp.slots = dslots;
   assert_int_equal(kvt_gpu_load_batch(L, items, 3, &lp, stream), -EINVAL);
   lp.slots = NULL;
@@ -1678,7 +1698,7 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
    * item size, a finish of other items. */
   kvt_gpu_store_params sp2 = sp;
   sp2.layer_count = s.layers;
-  uint8_t *sdst[2] = {pinned(cap), pinned(cap)};
+  uint8_t *sdst[3] = {pinned(cap), pinned(cap), pinned(cap)};
   kvt_gpu_store_item sitems[2] = {{sizeof(sitems[0]), &sp2, sdst[0], cap, 0},
                                   {sizeof(sitems[0]), &sp, sdst[1], cap, 0}};
   assert_int_equal(kvt_gpu_store_batch_async(L, sitems, 2, stream), KVT_ESHAPE);
@@ -1706,6 +1726,16 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
   bad[0].struct_size = 8;
   assert_int_equal(kvt_gpu_store_batch_async(L, bad, 2, stream), -EINVAL);
   assert_non_null(strstr(kvt_ctx_last_error(ctx), "struct_size"));
+  bad[0].struct_size = sizeof(bad[0]) + 1; /* the items after it misaligned */
+  assert_int_equal(kvt_gpu_store_batch_async(L, bad, 1, stream), -EINVAL);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "multiple"));
+  bad[0] = sitems[0]; /* payloads that would overlap */
+  bad[1] = sitems[1];
+  bad[1].dst = sdst[0] + 64;
+  assert_int_equal(kvt_gpu_store_batch_async(L, bad, 2, stream), -EINVAL);
+  assert_non_null(strstr(kvt_ctx_last_error(ctx), "items 0 and 1 share destination"));
+  bad[1].dst = sdst[2]; /* item 0's destination and count, another item 1 */
+  assert_int_equal(kvt_gpu_store_batch_finish(L, bad, 2, stream), -EINVAL);
   assert_int_equal(kvt_gpu_store_batch_finish(L, sitems + 1, 1, stream), -EINVAL);
   assert_int_equal(kvt_gpu_store_batch_finish(L, sitems, 2, stream), 0);
   assert_int_equal(kvt_payload_verify(ctx, sdst[0], sitems[0].len, NULL), 0);
@@ -1715,8 +1745,8 @@ static void test_gpu_batched_loads_equal_single_loads_and_fail_per_payload(void 
   none.struct_size = 8;
   assert_int_equal(kvt_gpu_load_batch(L, &none, 1, &lp, stream), -EINVAL);
   assert_int_equal(kvt_gpu_load_batch(L, items, 0, &lp, stream), -EINVAL);
-  cudaFreeHost(sdst[0]);
-  cudaFreeHost(sdst[1]);
+  for (int i = 0; i < 3; i++)
+    cudaFreeHost(sdst[i]);
 
   /* Device memory. */
   uint8_t *dpay = NULL;
@@ -1843,6 +1873,28 @@ static void golden_case_on_gpu(const char *dir, const golden_case *gc) {
     if (rc)
       fail_msg("golden %s: gpu load verified on the GPU (%s): %s %s", gc->name,
                m ? "device" : "pinned", kvt_err_name(rc), kvt_ctx_last_error(ctx));
+    scatter(&dst, dk, dv, &s, slots, gc->layer_begin, gc->layers, 0);
+    engine_expect(&dst, gc->name);
+  }
+  /* An older format's file in a batch with a verdict: checked on the host
+   * (the GPU verifies format 2 only), the verdict done on return. */
+  if ((unsigned)(file[8] | file[9] << 8) != KVT_FORMAT_VERSION) {
+    engine_background(&dst);
+    engine_upload(&dst);
+    kvt_gpu_load_item it = KVT_GPU_LOAD_ITEM_INIT;
+    it.payload = file;
+    it.len = flen;
+    it.slots = dslots;
+    it.verdict = vd;
+    kvt_gpu_load_params bp = KVT_GPU_LOAD_PARAMS_INIT;
+    bp.tokens = gc->tokens;
+    bp.expect_fingerprint = &ep.fingerprint;
+    rc = kvt_gpu_load_batch(Ld, &it, 1, &bp, stream);
+    if (rc || vd->done != 1)
+      fail_msg("golden %s: batched load: %s %s, verdict done %u", gc->name, kvt_err_name(rc),
+               kvt_ctx_last_error(ctx), vd->done);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    assert_int_equal(kvt_gpu_verdict_check(Ld, vd), 0);
     scatter(&dst, dk, dv, &s, slots, gc->layer_begin, gc->layers, 0);
     engine_expect(&dst, gc->name);
   }

@@ -268,10 +268,12 @@ typedef struct kvt_gpu_store_item {
  * handle's one store in flight; finish it on the stream it was launched on,
  * with the same items. The destinations must be distinct and not in use by
  * work still queued on the GPU (the headers are written from the host at
- * once). A call refused before the launch leaves an earlier batch's finish
- * intact. Returns 0; -EINVAL (NULL or no items, an items[0].struct_size
- * too small, NULL params or destination; finish: not the items of the
- * batch in flight); -ENOMEM; kvt_gpu_store_async's errors for an item
+ * once; two items whose payloads would overlap are refused). A call refused
+ * before the launch leaves an earlier batch's finish intact. Returns 0;
+ * -EINVAL (NULL or no items, an items[0].struct_size too small or not a
+ * multiple of the item's alignment, NULL params or destination,
+ * overlapping destinations; finish: not the items of the batch in flight,
+ * every destination compared); -ENOMEM; kvt_gpu_store_async's errors for an item
  * (KVT_ESPEC, KVT_ESHAPE - also for another geometry than item 0's -,
  * KVT_ETOOBIG, KVT_ENOBUFS), named "item k"; KVT_ENOTSUP (a destination
  * in device memory, no staging memory, a layer larger than a slot);
@@ -398,8 +400,9 @@ typedef struct kvt_gpu_load_params {
  * before the load kernel reads it there; a payload in device memory is
  * hashed whole, then loaded. The call returns once everything is launched,
  * without waiting. A piece whose checksum does not match is not loaded
- * (its load kernel writes nothing); other pieces of a staged load are. The verdict says what happened once the
- * stream has passed the load: kvt_gpu_verdict_check. On a mismatch treat
+ * (its load kernel writes nothing); other pieces of a staged load are. The
+ * verdict says what happened once the stream has passed the load:
+ * kvt_gpu_verdict_check. On a mismatch treat
  * the whole chunk as a miss and recompute it: its slots hold a mix of
  * loaded layers and old contents. With a caller's header copy
  * (p->header), the device payload's header checksum must equal the copy's
@@ -455,19 +458,29 @@ typedef struct kvt_gpu_load_item {
  * Payloads must be in pinned host memory (KVT_ENOTSUP for device memory:
  * load those with kvt_gpu_load). Each is checked before anything is
  * launched as kvt_gpu_load checks it (header, expectations, shape, and -
- * without verdicts and without KVT_GPU_LOAD_TRUST_HOST - every loaded
+ * unless KVT_GPU_LOAD_TRUST_HOST, or the GPU verifies them - every loaded
  * section's checksum on the host); a payload that fails fails the call,
  * with nothing launched and the detail naming it ("item k: ..."): drop it
- * and call again. Staging, when the handle has staging memory: layer
- * ranges of several payloads share a staging slot (one copy per payload
- * and piece). Verdicts: every item has one or none does (-EINVAL); with
- * them, the section checksums of format 2 payloads are verified on the GPU
- * as for kvt_gpu_load, each payload on its own - a payload that fails is
- * not loaded in the failing piece's layers and its verdict says so, while
- * the others load - and read with kvt_gpu_verdict_check. (Format 1
- * payloads are checked on the host, their verdicts done on return.)
- * Returns once launched: 0, -EINVAL, or kvt_gpu_load's errors for the
- * first payload that fails (nothing launched), KVT_ECUDA. */
+ * and call again. The batch is staged - layer ranges of several payloads
+ * share a staging slot, one copy per payload and piece - when the handle
+ * has staging memory, every loaded layer fits a slot, KVT_GPU_LOAD_ZERO_COPY
+ * is not set, and the GPU verifies it, KVT_GPU_LOAD_STAGED is set or the
+ * loaded sections of all payloads are 4 MiB or more; otherwise the kernels
+ * read the payloads in place. Verdicts: every item has one or none does
+ * (-EINVAL), and no two items share one (-EINVAL); with them, the section
+ * checksums of format 2 payloads are verified on the GPU as for
+ * kvt_gpu_load, each payload on its own - a payload that fails is not
+ * loaded in the failing piece's layers and its verdict says so, while the
+ * others load - and read with kvt_gpu_verdict_check. Where the GPU does
+ * not verify - format 1 payloads, no staging memory, a layer larger than a
+ * slot, KVT_GPU_LOAD_ZERO_COPY - the sections are checked on the host as
+ * without verdicts (unless KVT_GPU_LOAD_TRUST_HOST) and the verdicts are
+ * done on return. One thread at a time per handle, as every call on it.
+ * Returns once launched: 0; -EINVAL (NULL items or params, old params,
+ * an items[0].struct_size too small or not a multiple of the item's
+ * alignment, per-payload fields in p, mixed or shared verdicts, a verdict
+ * not in mapped pinned memory); -ENOMEM; kvt_gpu_load's errors for the
+ * first payload that fails (nothing launched); KVT_ECUDA. */
 KVT_API int kvt_gpu_load_batch(kvt_gpu_layout *layout, const kvt_gpu_load_item *items,
                                uint32_t n, const kvt_gpu_load_params *p, void *stream);
 

@@ -68,6 +68,13 @@ def test_rank_tiers_need_a_directory_per_rank() -> None:
         PluginConfig.from_extra({"tiers": "dram:1GiB", "codec": "k3v9"})
 
 
+def test_transfer_threads_default_to_4_or_8_with_a_device_factory() -> None:
+    assert PluginConfig.from_extra({"tiers": "dram:1GiB"}).transfer_threads == 4
+    factory = {"tiers": "dram:1GiB", "device": "vllm_support:cpu_device"}
+    assert PluginConfig.from_extra(factory).transfer_threads == 8
+    assert PluginConfig.from_extra({**factory, "threads": 2}).transfer_threads == 2
+
+
 # --- refusals -------------------------------------------------------------------
 
 

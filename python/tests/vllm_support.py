@@ -20,6 +20,7 @@ tested on the device with kvtier.gpu.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -155,15 +156,18 @@ class BatchCpuDevice(CpuDevice):
         super().__init__(spec)
         self.batches = 0
         self.batched = 0
+        self._count_lock = threading.Lock()  # groups load on several threads
 
     def load_many(self, payloads: Sequence[np.ndarray], block_ids: Sequence[Sequence[int]], *,
                   keys: Sequence[kvtier.Key]) -> List[Optional[kvtier.Error]]:
-        self.batches += 1
+        with self._count_lock:
+            self.batches += 1
         out: List[Optional[kvtier.Error]] = []
         for p, ids, k in zip(payloads, block_ids, keys):
             try:
                 self.load(p, ids, key=k)
-                self.batched += 1
+                with self._count_lock:
+                    self.batched += 1
                 out.append(None)
             except kvtier.Error as e:
                 out.append(e)

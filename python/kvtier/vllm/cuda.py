@@ -136,9 +136,10 @@ class CudaDevice:
         if any(gpu.mem_kind(p.ctypes.data) == gpu.MEM_PAGEABLE for p in payloads):
             return None
         s = self._stream()
-        with torch.cuda.stream(s):
-            ids = [torch.tensor(list(b), dtype=torch.int64, device=self.kv.device)
-                   for b in block_ids]
+        with torch.cuda.stream(s):  # one copy of every chunk's ids, a view each
+            flat = torch.tensor([b for chunk in block_ids for b in chunk], dtype=torch.int64,
+                                device=self.kv.device)
+            ids = list(flat.split([len(b) for b in block_ids]))
         try:
             t = self.kv.load_batch(list(payloads), ids, keys=list(keys),
                                    expect_fingerprint=self.fingerprint, stream=s)

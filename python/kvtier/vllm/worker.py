@@ -90,9 +90,11 @@ class KVDevice(Protocol):
         ...
 
     # Optional: load_many(payloads, block_ids_list, *, keys) -> a list of
-    # None or kvtier.Error per chunk (its outcome) once every chunk is
-    # written, or None having written nothing (then load() is called per
-    # chunk). With it, the worker loads a job's chunks in groups of
+    # exactly one outcome per payload, None or kvtier.Error (its Error makes
+    # the chunk a miss and a payload fault drops it), once every chunk is
+    # written; or None having written nothing (then load() is called per
+    # chunk). If it raises, every chunk of the group is failed and none is
+    # dropped (the device failed, not the payloads). With it, the worker loads a job's chunks in groups of
     # LOAD_GROUP (CudaDevice: batched launches, kvt_gpu_load_batch), unless
     # the device's batch_below (bytes) is at most payload_bytes() of a chunk.
 

@@ -4,11 +4,11 @@
  * the load kernel trusts a device payload.
  *
  * Format 2 (serde/FORMAT.md section 3): every 4 KiB piece of every section is
- * hashed by its own group of 4 lanes (pieces_kernel), then one group per
- * section hashes the section's digests (the pieces kernel's last CTA, or
- * combine_kernel). Format 1 (reading
- * old payloads): one group of 8 lanes per section, sequential within it, as
- * XXH3 of the whole section must be (50-110 GB/s on an H200). */
+ * hashed by its own group of 4 lanes (pieces_kernel), then a segment of 8
+ * lanes or a warp per section hashes the section's digests (the pieces
+ * kernel's last CTA, or combine_kernel). Format 1 (reading old payloads):
+ * one group of 8 lanes per section, sequential within it, as XXH3 of the
+ * whole section must be (50-110 GB/s on an H200). */
 #include <stdint.h>
 
 #include <cuda_runtime.h>

@@ -1,6 +1,7 @@
 /* gpu/gpu_kernels.cu - the fused store and load kernels and their launchers,
- * which the C side (gpu_api.c) calls through kvt_gpu_layout.h (the runtime
- * wrappers are in gpu_runtime.cu, the checksum kernels in gpu_checksum.cu).
+ * which the C side (gpu_store.c, gpu_load.c) calls through kvt_gpu_layout.h
+ * (the runtime wrappers are in gpu_runtime.cu, the checksum kernels in
+ * gpu_checksum.cu).
  *
  * The arithmetic is serde/FORMAT.md section 4's (the quantization in
  * codec_device.cuh, shared with the attention cache writer), written with explicit
@@ -200,7 +201,7 @@ __device__ __forceinline__ float i8_small(uint8_t b) {
 
 /* ---- addressing ---- */
 
-/* n / divisor for the launch's fixed divisors (n < 2^32: gpu_api.c checks). */
+/* n / divisor for the launch's fixed divisors (n < 2^32: gpu_layout.c checks). */
 __device__ __forceinline__ uint32_t fdq(const kvt_gpu_fdiv &f, uint64_t n) {
   return kvt_gpu_fdiv_q(f, (uint32_t)n);
 }

@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(128, 4)
 }
 
 /* Format 2, without a counter: the CTAs of the grid combine
- * (combine_sections), a group of 4 lanes per section. */
+ * (combine_sections), a segment of 8 lanes or a warp per section. */
 template <bool B>
 __global__ void __launch_bounds__(COMBINE_THREADS)
     combine_kernel(const kvt_gpu_sections a, const sec_batch<B> items, uint32_t npay,

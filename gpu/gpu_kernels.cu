@@ -380,23 +380,43 @@ __device__ void store_padding(const kvt_gpu_kparams &p, const sec_ctx &s) {
     s.dst[s.size + threadIdx.x] = 0;
 }
 
+/* Chunks a thread of store_n16 has in flight: with one, a thread waits a
+ * whole memory round trip per 16 bytes. Four: sealed stores of raw into
+ * device memory 4-13% faster on an H200 (bench/results/gpu_n16_unroll_h200.txt);
+ * the same unrolling of the load's n16 rows was 7-10% slower there, and
+ * slowed the other formats' load kernels (more registers), so the load
+ * keeps load_rows. */
+#define N16_UNROLL 4
+
 template <int DT, int C> __device__ void store_n16(const kvt_gpu_kparams &p, const sec_ctx &s) {
   const uint32_t cpr = p.head_dim / C;
   const uint64_t n = (uint64_t)p.tokens * p.heads * cpr;
+  const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
   uint16_t *out = reinterpret_cast<uint16_t *>(s.dst);
-  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (uint64_t)gridDim.x * blockDim.x) {
-    uint32_t row, d, t, h;
-    split_chunk<C>(p, i, &row, &d, &t, &h);
-    const uint16_t *src = engine_row(p, s, t, h);
-    vec16<C> v;
-    if (src)
-      v = ld16<C>(src + d);
-    else
+  for (uint64_t i0 = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i0 < n;
+       i0 += N16_UNROLL * stride) {
+    vec16<C> v[N16_UNROLL];
+    uint64_t at[N16_UNROLL];
 #pragma unroll
-      for (int j = 0; j < C; j++)
-        v.h[j] = 0;
-    st16<C>(out + (uint64_t)row * p.head_dim + d, v);
+    for (int u = 0; u < N16_UNROLL; u++) {
+      const uint64_t i = i0 + u * stride;
+      if (i >= n)
+        break;
+      uint32_t row, d, t, h;
+      split_chunk<C>(p, i, &row, &d, &t, &h);
+      const uint16_t *src = engine_row(p, s, t, h);
+      if (src)
+        v[u] = ld16<C>(src + d);
+      else
+#pragma unroll
+        for (int j = 0; j < C; j++)
+          v[u].h[j] = 0;
+      at[u] = (uint64_t)row * p.head_dim + d;
+    }
+#pragma unroll
+    for (int u = 0; u < N16_UNROLL; u++)
+      if (i0 + u * stride < n)
+        st16<C>(out + at[u], v[u]);
   }
 }
 

@@ -242,7 +242,9 @@ typedef struct kvt_gpu_sections {
   uint32_t *verdict;
   int done;
   /* NULL, or a device word that is 0: the pieces kernel's last CTA then
-   * combines (one launch), and zeroes it again. */
+   * combines (one launch) and zeroes it again, unless the launch is too
+   * big for one CTA's combine (kvt_gpurt_sections then leaves the word
+   * alone and launches a combine kernel). */
   unsigned *counter;
   /* Verify with a caller's header copy: the table's header checksum field
    * must equal expect_header, else KVT_GPU_BAD_HEADER is the mismatch. */

@@ -1085,6 +1085,230 @@ static void test_gpu_device_payload_over_256mib_combined_apart(void **state) {
   fixture_free(&f);
 }
 
+/* Tests of the checksum combine's paths (segment or warp per section; the
+ * pieces kernel's last CTA or a combine kernel of several CTAs; batched),
+ * after an independent review's coverage list. */
+
+/* 6 layers of 128 KiB raw sections: 12 sections x 32 pieces. The device
+ * seal and the unverdicted checked load combine in 2 CTAs of 8 segments. */
+static void test_gpu_device_payload_sections_combined_by_several_ctas(void **state) {
+  (void)state;
+  const shape s = {6, 256, 4, 64};
+  fixture f;
+  fixture_make(&f, "raw", &s);
+  kvt_payload_info info;
+  assert_int_equal(kvt_payload_verify(ctx, f.pay, f.len, &info), 0); /* host anchor */
+  assert_int_equal(info.sections, 12);
+  uint8_t *dpay, *dB, *back = malloc(f.len);
+  CUDA_OK(cudaMalloc((void **)&dpay, f.len));
+  CUDA_OK(cudaMalloc((void **)&dB, f.len));
+  size_t dlen = 0;
+  assert_int_equal(kvt_gpu_store(f.L, &f.sp, dpay, f.len, &dlen, stream), 0);
+  CUDA_OK(cudaMemcpy(back, dpay, f.len, cudaMemcpyDeviceToHost));
+  assert_memory_equal(back, f.pay, f.len); /* sections 8..11 sealed by CTA 1 */
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = f.sp.tokens;
+  lp.slots = f.dslots;
+  assert_int_equal(kvt_gpu_load(f.L, dpay, f.len, &lp, stream), 0);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  const uint32_t secs[4] = {0, 7, 8, 11}; /* both ends of both CTAs */
+  for (int i = 0; i < 4; i++) {
+    kvt_section_info si;
+    assert_int_equal(kvt_payload_section(ctx, back, f.len, secs[i], &si), 0);
+    const size_t at = si.offset + si.stored_size / 2;
+    const uint8_t bad = (uint8_t)(back[at] ^ 0x10);
+    CUDA_OK(cudaMemcpy(dpay + at, &bad, 1, cudaMemcpyHostToDevice));
+    assert_int_equal(kvt_gpu_load(f.L, dpay, f.len, &lp, stream), KVT_ECHECKSUM);
+    char want[32];
+    snprintf(want, sizeof(want), "section %u ", secs[i]);
+    assert_non_null(strstr(kvt_ctx_last_error(ctx), want)); /* the gate's atomicMin */
+    CUDA_OK(cudaMemcpy(dpay + at, &back[at], 1, cudaMemcpyHostToDevice));
+  }
+  /* Payload B in device memory, A's header copy: refused by CTA 0's header
+   * check of a 2-CTA combine (verify_on_gpu: no counter). */
+  kvt_encode_params epB = f.ep;
+  memset(epB.key.bytes, 9, 16);
+  kvt_gpu_store_params spB = f.sp;
+  spB.encode = &epB;
+  assert_int_equal(kvt_gpu_store(f.L, &spB, dB, f.len, &dlen, stream), 0);
+  lp.header = back;
+  lp.header_len = info.header_size;
+  assert_int_equal(kvt_gpu_load(f.L, dB, f.len, &lp, stream), KVT_EFOREIGN);
+  assert_int_equal(kvt_gpu_load(f.L, dpay, f.len, &lp, stream), 0);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  cudaFree(dB);
+  cudaFree(dpay);
+  free(back);
+  fixture_free(&f);
+}
+
+/* 5 layers of 4 MiB raw sections (1024 pieces each, 10 sections).
+ * Pinned store/load stage <= 2 layers a piece (slot 21.3 MiB): last-CTA wide.
+ * Device seal/verify: 10 > 8 sections of > 256 pieces: combine_kernel of 5
+ * CTAs (a warp a section) and, with a verdict, done_kernel. */
+static void test_gpu_big_sections_combined_by_warps_last_cta_and_apart(void **state) {
+  (void)state;
+  const shape s = {5, 2048, 8, 128};
+  fixture f;
+  fixture_make(&f, "raw", &s); /* staged store: last-CTA wide seal */
+  kvt_payload_info info;
+  assert_int_equal(kvt_payload_verify(ctx, f.pay, f.len, &info), 0);
+  uint8_t *dpay, *dB, *back = malloc(f.len);
+  CUDA_OK(cudaMalloc((void **)&dpay, f.len));
+  CUDA_OK(cudaMalloc((void **)&dB, f.len));
+  size_t dlen = 0;
+  assert_int_equal(kvt_gpu_store(f.L, &f.sp, dpay, f.len, &dlen, stream), 0);
+  CUDA_OK(cudaMemcpy(back, dpay, f.len, cudaMemcpyDeviceToHost));
+  assert_memory_equal(back, f.pay, f.len);
+  kvt_gpu_verdict *v = pinned(sizeof(*v));
+  int vrc = -1;
+  assert_int_equal(load_verdict(&f, f.L, dpay, f.len, v, 0, &vrc), 0); /* apart + done_kernel */
+  assert_int_equal(vrc, 0);
+  assert_int_equal(load_verdict(&f, f.L, f.pay, f.len, v, 0, &vrc), 0); /* last-CTA wide */
+  assert_int_equal(vrc, 0);
+  const uint32_t secs[3] = {0, 5, 9}; /* CTAs 0, 2, 4 of the combine */
+  for (int i = 0; i < 3; i++) {
+    kvt_section_info si;
+    assert_int_equal(kvt_payload_section(ctx, back, f.len, secs[i], &si), 0);
+    const size_t at = si.offset + si.stored_size - 1 - 4096 * (size_t)i;
+    const uint8_t bad = (uint8_t)(back[at] ^ 0x01);
+    /* device: done must not be seen before the mismatch (poll, then read
+     * bad_section at once, as kvt_gpu_verdict_check's caller would) */
+    CUDA_OK(cudaMemcpy(dpay + at, &bad, 1, cudaMemcpyHostToDevice));
+    kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+    lp.tokens = f.sp.tokens;
+    lp.slots = f.dslots;
+    lp.verdict = v;
+    assert_int_equal(kvt_gpu_load(f.L, dpay, f.len, &lp, stream), 0);
+    while (!__atomic_load_n(&v->done, __ATOMIC_ACQUIRE))
+      ;
+    assert_int_equal(__atomic_load_n(&v->bad_section, __ATOMIC_RELAXED), secs[i]);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    lp.verdict = NULL; /* verify_on_gpu: 5 CTAs, gate */
+    assert_int_equal(kvt_gpu_load(f.L, dpay, f.len, &lp, stream), KVT_ECHECKSUM);
+    CUDA_OK(cudaMemcpy(dpay + at, &back[at], 1, cudaMemcpyHostToDevice));
+    /* pinned, staged pieces of <= 2 layers: last-CTA wide verify */
+    f.pay[at] ^= 0x01;
+    assert_int_equal(load_verdict(&f, f.L, f.pay, f.len, v, 0, &vrc), 0);
+    f.pay[at] ^= 0x01;
+    assert_int_equal(vrc, KVT_ECHECKSUM);
+    assert_int_equal(v->bad_section, secs[i]);
+  }
+  /* Stale header copy with a verdict: CTA 0's header check, then done_kernel. */
+  kvt_encode_params epB = f.ep;
+  memset(epB.key.bytes, 9, 16);
+  kvt_gpu_store_params spB = f.sp;
+  spB.encode = &epB;
+  assert_int_equal(kvt_gpu_store(f.L, &spB, dB, f.len, &dlen, stream), 0);
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = f.sp.tokens;
+  lp.slots = f.dslots;
+  lp.header = back;
+  lp.header_len = info.header_size;
+  lp.verdict = v;
+  assert_int_equal(kvt_gpu_load(f.L, dB, f.len, &lp, stream), 0);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  assert_int_equal(kvt_gpu_verdict_check(f.L, v), KVT_EFOREIGN);
+  cudaFreeHost(v);
+  cudaFree(dB);
+  cudaFree(dpay);
+  free(back);
+  fixture_free(&f);
+}
+
+/* 15 one-layer payloads of 1056 tokens x 4 x 128 raw (sections of
+ * 1,081,344 B = 264 pieces > SEGMENT_PIECES). Default slots (22,369,536 B):
+ * left 15 x 2,162,688 -> target 16,220,160 -> 7 payloads a launch: launches
+ * of 7, 7 (sec_batch<true>, 14 sections > 8: combine_kernel of 7 CTAs,
+ * done_kernel over 7 verdicts) and 1 (last-CTA wide). */
+#define T3_N 15
+static void test_gpu_batched_big_sections_combined_apart(void **state) {
+  (void)state;
+  const shape s = {1, 1056, 4, 128};
+  engine e;
+  engine_make(&e, LAY_VLLM, KVT_DTYPE_BF16, 1, T3_N * s.tokens + 3, 16, s.heads, s.head_dim);
+  const size_t n_el = (size_t)s.tokens * s.heads * s.head_dim;
+  uint16_t *k = malloc(2 * n_el), *vv = malloc(2 * n_el);
+  uint32_t *slots = malloc(4 * s.tokens);
+  int64_t *s64 = malloc(8 * (size_t)T3_N * s.tokens), *dslots = NULL;
+  for (uint32_t i = 0; i < T3_N; i++) {
+    fill_dense(k, vv, &s, KVT_DTYPE_BF16);
+    for (uint32_t t = 0; t < s.tokens; t++)
+      s64[(size_t)i * s.tokens + t] = slots[t] = i * s.tokens + 3 + t;
+    scatter(&e, k, vv, &s, slots, 0, 1, 0);
+  }
+  engine_upload(&e);
+  CUDA_OK(cudaMalloc((void **)&dslots, 8 * (size_t)T3_N * s.tokens));
+  CUDA_OK(cudaMemcpy(dslots, s64, 8 * (size_t)T3_N * s.tokens, cudaMemcpyHostToDevice));
+  kvt_gpu_layout *L = NULL;
+  assert_int_equal(kvt_gpu_layout_create(ctx, &e.desc, &L), 0);
+  kvt_encode_params ep[T3_N];
+  kvt_gpu_store_params sp[T3_N];
+  kvt_gpu_store_item it[T3_N];
+  kvt_gpu_load_item li[T3_N];
+  const size_t cap = 4 * n_el + 65536;
+  kvt_gpu_verdict *v = pinned(T3_N * sizeof(*v));
+  for (uint32_t i = 0; i < T3_N; i++) {
+    ep[i] = (kvt_encode_params)KVT_ENCODE_PARAMS_INIT;
+    assert_int_equal(kvt_codec_parse(ctx, "raw", &ep[i].spec), 0);
+    memset(ep[i].key.bytes, (int)i + 1, 16);
+    sp[i] = (kvt_gpu_store_params)KVT_GPU_STORE_PARAMS_INIT;
+    sp[i].encode = &ep[i];
+    sp[i].layer_count = 1;
+    sp[i].tokens = s.tokens;
+    sp[i].slots = dslots + (size_t)i * s.tokens;
+    const kvt_gpu_store_item one = {sizeof(one), &sp[i], pinned(cap), cap, 0};
+    it[i] = one;
+  }
+  assert_int_equal(kvt_gpu_store_batch_async(L, it, T3_N, stream), 0); /* sealed apart */
+  assert_int_equal(kvt_gpu_store_batch_finish(L, it, T3_N, stream), 0);
+  for (uint32_t i = 0; i < T3_N; i++) {
+    kvt_payload_info info;
+    assert_int_equal(kvt_payload_verify(ctx, it[i].dst, it[i].len, &info), 0); /* host anchor */
+    const kvt_gpu_load_item one = {sizeof(one), it[i].dst, it[i].len,
+                                   dslots + (size_t)i * s.tokens, NULL, &v[i]};
+    li[i] = one;
+  }
+  kvt_gpu_load_params lp = KVT_GPU_LOAD_PARAMS_INIT;
+  lp.tokens = s.tokens;
+  assert_int_equal(kvt_gpu_load_batch(L, li, T3_N, &lp, stream), 0);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  for (uint32_t i = 0; i < T3_N; i++)
+    assert_int_equal(kvt_gpu_verdict_check(L, &v[i]), 0);
+  /* A flip in payload 3's V (launch 1, CTA 3) and payload 13's K (launch 2,
+   * CTA 6): those verdicts only. */
+  const uint32_t bad_item[2] = {3, 13}, bad_sec[2] = {1, 0};
+  size_t at[2];
+  for (int j = 0; j < 2; j++) {
+    kvt_section_info si;
+    uint8_t *p = it[bad_item[j]].dst;
+    assert_int_equal(kvt_payload_section(ctx, p, it[bad_item[j]].len, bad_sec[j], &si), 0);
+    at[j] = si.offset + 4096 * 200 + 17;
+    p[at[j]] ^= 0x40;
+  }
+  assert_int_equal(kvt_gpu_load_batch(L, li, T3_N, &lp, stream), 0);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  for (uint32_t i = 0; i < T3_N; i++) {
+    const int j = i == bad_item[0] ? 0 : i == bad_item[1] ? 1 : -1;
+    assert_int_equal(v[i].done, 1);
+    assert_int_equal(kvt_gpu_verdict_check(L, &v[i]), j < 0 ? 0 : KVT_ECHECKSUM);
+    if (j >= 0)
+      assert_int_equal(v[i].bad_section, bad_sec[j]);
+  }
+  for (int j = 0; j < 2; j++)
+    ((uint8_t *)it[bad_item[j]].dst)[at[j]] ^= 0x40;
+  for (uint32_t i = 0; i < T3_N; i++)
+    cudaFreeHost(it[i].dst);
+  cudaFreeHost(v);
+  kvt_gpu_layout_destroy(L);
+  cudaFree(dslots);
+  engine_free(&e);
+  free(k);
+  free(vv);
+  free(slots);
+  free(s64);
+}
+
 /* Every layer of the downloaded cache `got` equals `want`'s, except layer
  * `skip`'s, which equals `bg`'s (skip -1: none; -2: every layer is bg's). */
 static void expect_layers(const engine *e, const uint16_t *got, const uint16_t *want,
@@ -1959,6 +2183,9 @@ int main(void) {
       cmocka_unit_test(test_gpu_device_payload_bit_flips_are_caught),
       cmocka_unit_test(test_gpu_device_payload_large_section_and_foreign_table),
       cmocka_unit_test(test_gpu_device_payload_over_256mib_combined_apart),
+      cmocka_unit_test(test_gpu_device_payload_sections_combined_by_several_ctas),
+      cmocka_unit_test(test_gpu_big_sections_combined_by_warps_last_cta_and_apart),
+      cmocka_unit_test(test_gpu_batched_big_sections_combined_apart),
       cmocka_unit_test(test_gpu_staged_store_and_loads_verified_on_gpu),
       cmocka_unit_test(test_gpu_batched_loads_equal_single_loads_and_fail_per_payload),
       cmocka_unit_test(test_gpu_load_from_memory_tier_loans_in_place),

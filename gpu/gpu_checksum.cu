@@ -346,18 +346,15 @@ __global__ void __launch_bounds__(128, 4)
   const kvt_gpu_sections a = payload_of(a0, items, blockIdx.z);
   if (!a.write && a.gate && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
     *a.gate = ~0u;
+  const uint64_t b = (uint64_t)blockIdx.x * 32 + threadIdx.x / 4;
   const int q = threadIdx.x & 3;
   const unsigned gmask = 0xFu << (threadIdx.x & 28);
   const uint8_t *e = a.table + HDR_FIXED + SEC_ENTRY * (uint64_t)(a.first + blockIdx.y);
   const uint64_t off = kvt_xxh3::rd64(e + KVT_PL_ENTRY_OFFSET);
   const uint64_t n = kvt_xxh3::rd64(e + KVT_PL_ENTRY_STORED);
-  const bool fits = section_fits(off, n, a.lo, a.hi, per);
-  /* 32 pieces a trip, the grid's x CTAs striding over the section */
-  for (uint64_t b = (uint64_t)blockIdx.x * 32 + threadIdx.x / 4; b < per;
-       b += (uint64_t)gridDim.x * 32) {
-    const uint64_t start = b * KVT_PL_CHECKSUM_BLOCK;
-    if (!fits || (b != 0 && start >= n)) /* the same for the group's 4 lanes */
-      continue;
+  const uint64_t start = b * KVT_PL_CHECKSUM_BLOCK;
+  /* the same for the group's 4 lanes */
+  if (b < per && (b == 0 || start < n) && section_fits(off, n, a.lo, a.hi, per)) {
     const uint64_t take =
         n - start < KVT_PL_CHECKSUM_BLOCK ? n - start : KVT_PL_CHECKSUM_BLOCK;
     const uint64_t h = piece_hash(a.body + off + start, take, q, gmask);
@@ -400,19 +397,6 @@ __global__ void done_kernel(const kvt_gpu_sections a0, const sec_batch<B> items,
       *reinterpret_cast<volatile uint32_t *>(a.verdict + KVT_GPU_VERDICT_DONE) = 1;
     }
   }
-}
-
-#ifndef PIECES_WAVES
-#define PIECES_WAVES 1
-#endif
-
-/* The current device's multiprocessors (132 if it cannot be read). */
-static unsigned sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
-    return 132;
-  return (unsigned)n;
 }
 
 /* Pieces per section for sections of at most max_stored bytes. */
@@ -458,13 +442,7 @@ static int launch_sections(const kvt_gpu_sections *a, const sec_batch<B> &items,
   kvt_gpu_sections b = *a;
   if (sections * per > COMBINE_APART || (per > SEGMENT_PIECES && sections > 8))
     b.counter = nullptr;
-  /* At most PIECES_WAVES waves of CTAs (4 a multiprocessor), each striding
-   * over its section's pieces: CTAs of one 32-piece trip each ran at 78% of
-   * DRAM bandwidth on an H200. */
-  uint64_t x = (per + 31) / 32;
-  const uint64_t cap = (uint64_t)PIECES_WAVES * 4 * sm_count() / sections;
-  x = x < cap ? x : cap > 0 ? cap : 1;
-  const dim3 grid((unsigned)x, a->count, npay);
+  const dim3 grid((unsigned)((per + 31) / 32), a->count, npay);
   pieces_kernel<B><<<grid, 128, 0, s>>>(b, items, per);
   if (!b.counter) {
     const unsigned per_cta = COMBINE_THREADS / (per > SEGMENT_PIECES ? 32 : 8);

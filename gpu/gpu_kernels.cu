@@ -382,8 +382,8 @@ __device__ void store_padding(const kvt_gpu_kparams &p, const sec_ctx &s) {
 
 /* Chunks a thread of store_n16 has in flight: with one, a thread waits a
  * whole memory round trip per 16 bytes. Four: sealed stores of raw into
- * device memory 4-13% faster on an H200 (bench/results/gpu_n16_unroll_h200.txt);
- * the same unrolling of the load's n16 rows was 7-10% slower there, and
+ * device memory 4-14% faster on an H200 (bench/results/gpu_n16_unroll_h200.txt);
+ * the same unrolling of the load's n16 rows was 7-27% slower there, and
  * slowed the other formats' load kernels (more registers), so the load
  * keeps load_rows. */
 #define N16_UNROLL 4

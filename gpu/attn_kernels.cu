@@ -20,7 +20,9 @@
  * 32-byte sectors per warp instruction, and dequantized there. 16-bit K
  * needs no conversion at all (the K16V8 point); e4m3 becomes fp16 by the
  * paired hardware conversion and its per-token K scale multiplies the
- * scores, its V scale the converted values. INT4 has a path of its own (see
+ * scores, its V scale the converted values. FP8 at head_dim 128 streams
+ * its tiles through shared memory first on devices of 4 TB/s or more (the
+ * staged path, below) and reads them back into the same registers. INT4 has a path of its own (see
  * gpu/attn_int4.cuh): group-pure tiles through shared memory, raw codes into the
  * MMA as fp16 subnormals, scales and zero points applied per group. Keys of
  * e4m3/int4 caches are multiplied with an fp16 copy of q; values of e4m3/int4
@@ -35,6 +37,8 @@
  * round-to-nearest intrinsics, no contraction): the codes and scales equal
  * the CPU codec's. */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <atomic>
 
@@ -135,6 +139,18 @@ __device__ __forceinline__ uint32_t e4m3x2_to_h2(uint32_t pair16) {
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
       (__nv_fp8x2_storage_t)(pair16 & 0xFFFFu), __NV_E4M3);
   return (uint32_t)r.x | ((uint32_t)r.y << 16);
+}
+
+/* The upper two e4m3 codes of a word as an fp16 pair: the conversion reads
+ * the upper half itself (a 16-bit PTX operand; SASS F2FP ... R.H1) instead
+ * of after a shift, one instruction less per pair (32 per FP8 tile). */
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_h2(uint32_t w) {
+  uint32_t d;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n"
+      : "=r"(d)
+      : "r"(w));
+  return d;
 }
 
 template <int DT> __device__ __forceinline__ float h16_to_f(uint16_t h) {
@@ -328,8 +344,8 @@ tile_scores(const kvt_attn_kparams &p, const tile_addr &ta, int g,
 #pragma unroll
     for (int j = 0; j < G::NT; j++)
       mma16816<false>(c, e4m3x2_to_h2(r.kw[0][j]), e4m3x2_to_h2(r.kw[1][j]),
-                      e4m3x2_to_h2(r.kw[0][j] >> 16),
-                      e4m3x2_to_h2(r.kw[1][j] >> 16), qb[j][0], qb[j][1]);
+                      e4m3x2_hi_to_h2(r.kw[0][j]),
+                      e4m3x2_hi_to_h2(r.kw[1][j]), qb[j][0], qb[j][1]);
     c[0] *= r.ks[0], c[1] *= r.ks[0], c[2] *= r.ks[1], c[3] *= r.ks[1];
   }
   const float sl = p.scale_log2;
@@ -362,14 +378,14 @@ __device__ __forceinline__ void tile_pv(const tile_regs<FMT, DT, D> &r, int g,
       const uint32_t lo89 = __byte_perm(r.vw[2][i], r.vw[3][i], 0x5140);
       const uint32_t hi89 = __byte_perm(r.vw[2][i], r.vw[3][i], 0x7362);
       mma16816<false>(o[2 * i], h2u(__hmul2(u2h(e4m3x2_to_h2(lo01)), s01)),
-                      h2u(__hmul2(u2h(e4m3x2_to_h2(lo01 >> 16)), s01)),
+                      h2u(__hmul2(u2h(e4m3x2_hi_to_h2(lo01)), s01)),
                       h2u(__hmul2(u2h(e4m3x2_to_h2(lo89)), s89)),
-                      h2u(__hmul2(u2h(e4m3x2_to_h2(lo89 >> 16)), s89)), pb0,
+                      h2u(__hmul2(u2h(e4m3x2_hi_to_h2(lo89)), s89)), pb0,
                       pb1);
       mma16816<false>(o[2 * i + 1], h2u(__hmul2(u2h(e4m3x2_to_h2(hi01)), s01)),
-                      h2u(__hmul2(u2h(e4m3x2_to_h2(hi01 >> 16)), s01)),
+                      h2u(__hmul2(u2h(e4m3x2_hi_to_h2(hi01)), s01)),
                       h2u(__hmul2(u2h(e4m3x2_to_h2(hi89)), s89)),
-                      h2u(__hmul2(u2h(e4m3x2_to_h2(hi89 >> 16)), s89)), pb0,
+                      h2u(__hmul2(u2h(e4m3x2_hi_to_h2(hi89)), s89)), pb0,
                       pb1);
     }
   }
@@ -514,6 +530,209 @@ template <int U> struct page_stream {
   }
 };
 
+/* ---- staged path: FP8 at head_dim 128 ----
+ * The register path loads half a K row per instruction (a row's fragment
+ * belongs to 4 lanes) and waits for a tile's loads before computing it. The
+ * staged path streams each warp's tiles through 2 stages of
+ * shared memory with cp.async, whole 128-byte lines per 8 lanes, the next
+ * tile in flight while one is computed, and reads each tile back into the
+ * same fragment registers the register path loads (tile_regs), so the
+ * arithmetic and the results are the register path's. Rows are padded so
+ * that the reads back are free of bank conflicts (stg::KS, VS).
+ * Measured in same-run A/Bs (bench/results/attn_staged_h200.txt): on H200s
+ * FP8 is 1-4% faster staged (ncu: its long-scoreboard stalls fall from 3.2
+ * to 0.1 cycles per issued instruction and it becomes bound by issue, ALU
+ * pipe 62%); on an H100, with less bandwidth to wait for, 4-5% slower, as
+ * the copies and reads back are more instructions. So a decode takes the
+ * staged path where the device's memory bandwidth (clock x bus width) is at
+ * least 4 TB/s (H200: 4.8, H100 SXM: 3.35), or as KVT_ATTN_FP8_PATH or
+ * kvt_attnrt_set_fp8_path says. K16V8 gained 0.1-0.8% on one H200 and lost
+ * 0.8% on another, so it keeps the register path, as do head dims 64 and
+ * 256. */
+template <int FMT, int DT, int D> struct stg {
+  using G = geo<FMT, DT, D>;
+  static constexpr bool can = D == 128 && FMT == KVT_ATTN_FP8;
+  static constexpr int NS = 2; /* 3: no faster, and over 48 KiB a CTA */
+  static constexpr int KCH = G::RBK / 16, VCH = G::RBV / 16; /* chunks a row */
+  /* Row strides: the reads back are free of bank conflicts, and every
+   * address a lane reads is its base plus a constant. A K read takes rows
+   * g and g + 8 at bytes 16 t + 64 u (a quarter warp: two rows of 64
+   * bytes), so K rows lie 64 bytes off a multiple of 128; a V read takes
+   * rows 2 t + i at bytes 16 g (a quarter warp: four rows of 32 bytes), so
+   * V rows lie 16 bytes off one. */
+  static constexpr int KS = G::RBK + 64, VS = G::RBV + 16;
+  static constexpr bool SK = FMT == KVT_ATTN_FP8; /* K scales */
+  static constexpr bool SV = FMT == KVT_ATTN_FP8 || FMT == KVT_ATTN_K16V8;
+  static constexpr int KO = 0, VO = TILE * KS, SKO = VO + TILE * VS,
+                       SVO = SKO + (SK ? 64 : 0);
+  static constexpr int SB = SVO + (SV ? 64 : 0); /* bytes of a stage */
+  static constexpr int BUF = NWARPS * NS * SB;
+};
+
+/* What a lane copies of every tile, fixed for the loop. Copy i of a lane
+ * is 16-byte chunk lane + 32 i of the tile: K rows (KCH chunks each), then
+ * V rows (VCH), then the scale blocks (4 chunks each, one copy by lanes
+ * 0-7). The row of copy i is the lane's first row plus i 32 / KCH (V: 32 /
+ * VCH), so a lane keeps its first chunk's offsets and steps from there. */
+template <int FMT, int DT, int D> struct stg_lane {
+  using S = stg<FMT, DT, D>;
+  using G = geo<FMT, DT, D>;
+  static_assert(S::KCH == 8 && S::VCH == 8, "rows of 8 chunks");
+  uint32_t gk, gv; /* global offsets of the lane's first K and V chunk */
+  uint32_t sk, sv; /* their offsets in a stage */
+  int rk;          /* the first row (K and V alike) */
+  __device__ __forceinline__ void init(int lane, uint32_t kv_heads) {
+    const int c = lane % 8;
+    rk = lane / 8;
+    gk = (uint32_t)rk * kv_heads * G::RBK + c * 16;
+    gv = (uint32_t)rk * kv_heads * G::RBV + c * 16;
+    sk = S::KO + rk * S::KS + c * 16;
+    sv = S::VO + rk * S::VS + c * 16;
+  }
+};
+
+/* Copies tile (row0, sc0, last) into stage st. FULL: all 16 rows valid;
+ * otherwise rows past `last` repeat row `last` (the register path's clamp).
+ * The scales of all 16 rows are copied (the page holds them; stg_loop
+ * overwrites those past `last` before they are read). */
+template <int FMT, int DT, int D, bool FULL>
+__device__ __forceinline__ void
+stg_issue(const kvt_attn_kparams &p, const stg_lane<FMT, DT, D> &ln,
+          uint64_t row0, uint64_t sc0, int last, int lane, uint8_t *st) {
+  using S = stg<FMT, DT, D>;
+  using G = geo<FMT, DT, D>;
+  constexpr int NSC = (S::SK ? 4 : 0) + (S::SV ? 4 : 0); /* scale chunks */
+  const uint8_t *kt = reinterpret_cast<const uint8_t *>(p.k) + row0 * G::RBK;
+  const uint8_t *vt = reinterpret_cast<const uint8_t *>(p.v) + row0 * G::RBV;
+  const uint32_t rsk = p.kv_heads * G::RBK * 4, rsv = p.kv_heads * G::RBV * 4;
+#pragma unroll
+  for (int i = 0; i < 4; i++) { /* rows rk + 4 i */
+    uint32_t gok = ln.gk + i * rsk, gov = ln.gv + i * rsv;
+    if (!FULL) {
+      const int r = ln.rk + 4 * i;
+      if (r > last) {
+        gok -= (uint32_t)(r - last) * p.kv_heads * G::RBK;
+        gov -= (uint32_t)(r - last) * p.kv_heads * G::RBV;
+      }
+    }
+    cp_async<16>(st + ln.sk + 4 * i * S::KS, kt + gok);
+    cp_async<16>(st + ln.sv + 4 * i * S::VS, vt + gov);
+  }
+  if (lane < NSC) {
+    const bool isk = S::SK && lane < 4;
+    const uint8_t *sb = reinterpret_cast<const uint8_t *>(
+        isk ? p.k_scale : p.v_scale);
+    cp_async<16>(st + S::SKO + lane * 16, sb + sc0 * 4 + (lane & 3) * 16);
+  }
+}
+
+/* A staged tile into fragment registers, as load_k / load_v would: K rows
+ * g, g + 8 at chunks t + 4 u, V rows 2 t + (i & 1) + 8 (i >> 1) at chunk g,
+ * the scales of those rows (every row's is valid: see stg_loop). kb, vb,
+ * ksb, vsb: the lane's bases in a stage (stg_loop). */
+template <int FMT, int DT, int D>
+__device__ __forceinline__ void stg_read(const uint8_t *st, uint32_t kb,
+                                         uint32_t vb, uint32_t ksb,
+                                         uint32_t vsb,
+                                         tile_regs<FMT, DT, D> &r) {
+  using S = stg<FMT, DT, D>;
+  using G = geo<FMT, DT, D>;
+  static_assert(G::UK == 16 && G::UV == 16 && G::NUV == 1, "16-byte units");
+  const uint8_t *k = st + kb, *v = st + vb;
+  const float *sk = reinterpret_cast<const float *>(st + ksb);
+  const float *sv = reinterpret_cast<const float *>(st + vsb);
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+#pragma unroll
+    for (int u = 0; u < G::NUK; u++) {
+      const uint4 w =
+          *reinterpret_cast<const uint4 *>(k + 8 * i * S::KS + 64 * u);
+      r.kw[i][4 * u] = w.x, r.kw[i][4 * u + 1] = w.y;
+      r.kw[i][4 * u + 2] = w.z, r.kw[i][4 * u + 3] = w.w;
+    }
+    if constexpr (S::SK)
+      r.ks[i] = sk[8 * i];
+  }
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int dr = (i & 1) + 8 * (i >> 1);
+    const uint4 w = *reinterpret_cast<const uint4 *>(v + dr * S::VS);
+    r.vw[i][0] = w.x, r.vw[i][1] = w.y, r.vw[i][2] = w.z, r.vw[i][3] = w.w;
+    if constexpr (S::SV)
+      r.vs[i] = sv[dr];
+  }
+}
+
+/* The staged loop of one warp: tiles warp, warp + NWARPS, ... of [cs, ce). */
+template <int FMT, int DT, int D>
+__device__ __forceinline__ void
+stg_loop(const kvt_attn_kparams &p, const int32_t *table, uint32_t kvh,
+         int32_t cs, int32_t ce, int warp, int lane, uint8_t *sbuf,
+         const uint32_t (&qb)[geo<FMT, DT, D>::NT][2],
+         float (&o)[geo<FMT, DT, D>::NT][4], float &m0, float &m1, float &l0,
+         float &l1) {
+  using S = stg<FMT, DT, D>;
+  constexpr int NS = S::NS;
+  const int g = lane / 4, t = lane % 4;
+  const int32_t first = cs + warp * TILE, stride = NWARPS * TILE;
+  const int nt = first < ce ? (ce - first + stride - 1) / stride : 0;
+  if (nt == 0)
+    return;
+  page_stream<1> pages;
+  pages.init(table, first, stride, ce, (int32_t)p.block_size, lane);
+  stg_lane<FMT, DT, D> ln;
+  ln.init(lane, p.kv_heads);
+  /* the lane's read bases in a stage (stg_read) */
+  const uint32_t kb = S::KO + g * S::KS + 16 * t, vb = S::VO + 2 * t * S::VS + 16 * g;
+  const uint32_t ksb = S::SKO + 4 * g, vsb = S::SVO + 8 * t;
+  auto issue = [&](int k) {
+    const int32_t ts = first + k * stride;
+    const uint32_t page = pages.page(k, lane);
+    const uint32_t off0 = (uint32_t)ts % p.block_size;
+    const uint64_t row0 =
+        ((uint64_t)page * p.block_size + off0) * p.kv_heads + kvh;
+    const uint64_t sc0 =
+        ((uint64_t)page * p.kv_heads + kvh) * p.block_size + off0;
+    const int last = min(TILE - 1, ce - 1 - ts);
+    uint8_t *st = sbuf + (k % NS) * S::SB;
+    if (last == TILE - 1)
+      stg_issue<FMT, DT, D, true>(p, ln, row0, sc0, last, lane, st);
+    else
+      stg_issue<FMT, DT, D, false>(p, ln, row0, sc0, last, lane, st);
+  };
+#pragma unroll
+  for (int k = 0; k < NS - 1; k++) {
+    if (k < nt)
+      issue(k);
+    cp_commit();
+  }
+  for (int k = 0; k < nt; k++) {
+    if (k + NS - 1 < nt)
+      issue(k + NS - 1);
+    cp_commit();
+    cp_wait<NS - 1>();
+    __syncwarp(); /* every lane's copies of tile k have landed */
+    const int32_t ts = first + k * stride;
+    tile_addr ta;
+    ta.row0 = 0, ta.sc0 = 0; /* unused: the tile is in registers */
+    ta.last = min(TILE - 1, ce - 1 - ts);
+    uint8_t *st = sbuf + (k % NS) * S::SB;
+    if (ta.last < TILE - 1) { /* rows past the end take row last's scales */
+      float *sc = reinterpret_cast<float *>(st + S::SKO);
+      const int r = lane % 16;
+      const bool v = lane >= 16;
+      if (r > ta.last && (v ? S::SV : S::SK))
+        sc[(v && S::SK ? 16 : 0) + r] = sc[(v && S::SK ? 16 : 0) + ta.last];
+      __syncwarp();
+    }
+    tile_regs<FMT, DT, D> r;
+    stg_read<FMT, DT, D>(st, kb, vb, ksb, vsb, r);
+    __syncwarp(); /* the stage is read: the next iteration may refill it */
+    tile_step<FMT, DT, D>(p, ta, g, t, r, qb, o, m0, m1, l0, l1);
+  }
+  cp_wait<0>();
+}
+
 #include "attn_int4.cuh" /* the INT4 path (see there) */
 
 #ifdef KVT_ATTN_TRACE
@@ -532,10 +751,12 @@ __device__ __forceinline__ unsigned long long gtime() {
   ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x)
 #endif
 
-template <int FMT, int DT, int D>
+/* STG: the staged path (FP8 at head dim 128 only; see stg). */
+template <int FMT, int DT, int D, bool STG>
 __global__ void __launch_bounds__(NWARPS * 32,
                                   D == 256 ? 2 : KVT_ATTN_CTAS_PER_SM)
     decode_kernel(const kvt_attn_kparams p) {
+  static_assert(!STG || stg<FMT, DT, D>::can, "no staged path");
   using G = geo<FMT, DT, D>;
   constexpr int U = plan<FMT, DT, D>::U;
   __shared__ float sh_m[NWARPS][8], sh_l[NWARPS][8];
@@ -543,8 +764,11 @@ __global__ void __launch_bounds__(NWARPS * 32,
   /* INT4: its stages, and after the loop sh_o and the zero-point sums */
   constexpr int ZBYTES = FMT == KVT_ATTN_INT4 ? NWARPS * 8 * 8 * 4 : 0;
   constexpr int IBUF = FMT == KVT_ATTN_INT4 ? i4_buf<D> : 0;
-  constexpr int BUF =
-      IBUF > OBYTES + ZBYTES ? IBUF : OBYTES + ZBYTES;
+  /* FP8 at head dim 128: the staged path's stages */
+  constexpr int SBUF = STG ? stg<FMT, DT, D>::BUF : 0;
+  constexpr int BUF0 = IBUF > OBYTES + ZBYTES ? IBUF : OBYTES + ZBYTES;
+  constexpr int BUF = SBUF > BUF0 ? SBUF : BUF0;
+  static_assert(BUF <= 48 * 1024, "static shared memory");
   __shared__ __align__(16) uint8_t sh_buf[BUF];
   float(*sh_o)[8][D] = reinterpret_cast<float(*)[8][D]>(sh_buf);
 
@@ -607,6 +831,11 @@ __global__ void __launch_bounds__(NWARPS * 32,
       i4_loop<D, 1>(p, table, kvh, 0, cs, ce, ww, wph, lane,
                     sh_buf + warp * i4<D, 1>::NS * i4<D, 1>::SB, qb, qz0,
                     qz1, o, za, m0, m1, l0, l1);
+  } else if constexpr (STG) {
+    stg_loop<FMT, DT, D>(p, table, kvh, cs, ce, warp, lane,
+                         sh_buf + warp * stg<FMT, DT, D>::NS *
+                                      stg<FMT, DT, D>::SB,
+                         qb, o, m0, m1, l0, l1);
   } else {
     /* warp w takes groups of U consecutive tiles: w, w + NWARPS, ... */
     page_stream<U> pages;
@@ -809,11 +1038,52 @@ template <int DT> static bool have_pdl() {
   return ok;
 }
 
-template <int FMT, int DT, int D>
-int launch_decode_d(const kvt_attn_kparams *p, cudaStream_t st) {
+/* Which FP8 path kvt_attnrt_set_fp8_path or KVT_ATTN_FP8_PATH asked for:
+ * -2 not read yet, -1 by the device, 0 registers, 1 staged. */
+static std::atomic<int> fp8_path{-2};
+
+/* Whether an FP8 decode at head dim 128 takes the staged path on the
+ * current device (see stg): as asked, else where the memory bandwidth is at
+ * least 4 TB/s. Cached per device ordinal. */
+static bool fp8_staged() {
+  int f = fp8_path.load(std::memory_order_relaxed);
+  if (f == -2) {
+    const char *e = getenv("KVT_ATTN_FP8_PATH");
+    const int v = e && !strcmp(e, "registers") ? 0
+                  : e && !strcmp(e, "staged")  ? 1
+                                               : -1;
+    fp8_path.compare_exchange_strong(f, v, std::memory_order_relaxed);
+    f = fp8_path.load(std::memory_order_relaxed);
+  }
+  if (f >= 0)
+    return f == 1;
+  static std::atomic<int> known[64]; /* 0 unknown, 1 staged, -1 not */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed))
+    return known[dev].load(std::memory_order_relaxed) > 0;
+  int khz = 0, bits = 0;
+  const bool ok =
+      cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) ==
+          cudaSuccess &&
+      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) ==
+          cudaSuccess;
+  (void)cudaGetLastError();
+  /* double data rate: bytes/s = 2 x clock x bus width / 8 */
+  const bool staged = ok && 2.0 * khz * 1e3 * bits / 8.0 >= 4.0e12;
+  if (dev >= 0 && dev < 64)
+    known[dev].store(staged ? 1 : -1, std::memory_order_relaxed);
+  return staged;
+}
+
+template <int FMT, int DT, int D, bool STG>
+int launch_decode_k(const kvt_attn_kparams *p, cudaStream_t st) {
   const dim3 grid(p->splits, p->kv_heads / p->kv_group * p->head_chunks,
                   p->batch);
-  decode_kernel<FMT, DT, D><<<grid, NWARPS * 32, 0, st>>>(*p);
+  decode_kernel<FMT, DT, D, STG><<<grid, NWARPS * 32, 0, st>>>(*p);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || p->splits == 1)
     return (int)e;
@@ -839,6 +1109,14 @@ int launch_decode_d(const kvt_attn_kparams *p, cudaStream_t st) {
   }
   const cudaError_t last = cudaGetLastError(); /* leave none behind */
   return (int)(e != cudaSuccess ? e : last);
+}
+
+template <int FMT, int DT, int D>
+int launch_decode_d(const kvt_attn_kparams *p, cudaStream_t st) {
+  if constexpr (stg<FMT, DT, D>::can)
+    if (fp8_staged())
+      return launch_decode_k<FMT, DT, D, true>(p, st);
+  return launch_decode_k<FMT, DT, D, false>(p, st);
 }
 
 template <int FMT, int DT>
@@ -876,6 +1154,10 @@ extern "C" int kvt_attnrt_decode(const kvt_attn_kparams *p, void *stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   return p->dtype == KVT_DTYPE_BF16 ? launch_decode<KVT_DTYPE_BF16>(p, st)
                                     : launch_decode<KVT_DTYPE_F16>(p, st);
+}
+
+extern "C" void kvt_attnrt_set_fp8_path(int mode) {
+  fp8_path.store(mode == 0 || mode == 1 ? mode : -1, std::memory_order_relaxed);
 }
 
 extern "C" int kvt_attnrt_append(const kvt_attn_aparams *p, void *stream) {

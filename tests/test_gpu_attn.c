@@ -32,6 +32,7 @@
 #include <cuda_runtime_api.h>
 
 #include "codec_internal.h" /* kvt_i4_params, KVT_TINY_AMAX */
+#include "kvt_attn_layout.h" /* kvt_attnrt_set_fp8_path */
 #include "synth.h"
 
 #define CUDA_OK(x) assert_int_equal((int)(x), 0)
@@ -725,7 +726,13 @@ int main(void) {
       cmocka_unit_test(test_gpu_attn_decode_replays_in_a_cuda_graph),
       cmocka_unit_test(test_gpu_attn_append_writes_codec_bytes),
   };
-  const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  /* FP8 at head dim 128 has two kernel paths, chosen by the device: every
+   * test runs on both (gpu/attn_kernels.cu, "staged path") */
+  kvt_attnrt_set_fp8_path(0);
+  int rc = cmocka_run_group_tests_name("fp8 register path", tests, NULL, NULL);
+  kvt_attnrt_set_fp8_path(1);
+  rc |= cmocka_run_group_tests_name("fp8 staged path", tests, NULL, NULL);
+  kvt_attnrt_set_fp8_path(-1);
   kvt_ctx_destroy(ctx);
   return rc;
 }

@@ -167,7 +167,10 @@ KVT_API int kvt_attn_decode_splits(kvt_ctx *ctx, const kvt_attn_cache *cache,
  * argument or pointer, struct too small), KVT_ESHAPE (format, dtype, sizes,
  * alignment), KVT_ENOBUFS (workspace too small), KVT_ENOTSUP (built without
  * CUDA), KVT_ECUDA. Block-table entries and seq_lens are device data and
- * are not checked: they must be within the cache. */
+ * are not checked: they must be within the cache. FP8 at head_dim 128 has
+ * two kernels with the same results, chosen by the device's memory
+ * bandwidth (docs/ATTENTION.md); KVT_ATTN_FP8_PATH=registers or staged in
+ * the environment picks one for the process. */
 KVT_API int kvt_attn_decode(kvt_ctx *ctx, const kvt_attn_cache *cache,
                             const kvt_attn_decode_params *p, void *stream);
 

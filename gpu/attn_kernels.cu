@@ -141,16 +141,21 @@ __device__ __forceinline__ uint32_t e4m3x2_to_h2(uint32_t pair16) {
   return (uint32_t)r.x | ((uint32_t)r.y << 16);
 }
 
-/* The upper two e4m3 codes of a word as an fp16 pair: the conversion reads
- * the upper half itself (a 16-bit PTX operand; SASS F2FP ... R.H1) instead
- * of after a shift, one instruction less per pair (32 per FP8 tile). */
+/* The upper two e4m3 codes of a word as an fp16 pair: on sm_89 and later
+ * the conversion reads the upper half itself (a 16-bit PTX operand; SASS
+ * F2FP ... R.H1) instead of after a shift, one instruction less per pair
+ * (32 per FP8 tile); before, the library's conversion of the shifted word. */
 __device__ __forceinline__ uint32_t e4m3x2_hi_to_h2(uint32_t w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint32_t d;
   asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\n"
       "cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n"
       : "=r"(d)
       : "r"(w));
   return d;
+#else /* no e4m3 conversion instruction before sm_89 */
+  return e4m3x2_to_h2(w >> 16);
+#endif
 }
 
 template <int DT> __device__ __forceinline__ float h16_to_f(uint16_t h) {
@@ -1010,14 +1015,10 @@ template <int DT> __global__ void combine_kernel(const kvt_attn_kparams p) {
       f_to_h16<DT>(L > 0.0f ? acc / L : 0.0f);
 }
 
-/* Whether the combine for dtype DT may be launched as a programmatic
- * dependent on the current device: the device is sm_90 or later and the
- * code it runs was compiled for compute_90 or later, so that it has the
- * griddepcontrol.wait (an sm_80-only build JIT-compiled on an H100 has
- * not, and its combine must wait for the decode kernel the ordinary way).
- * Cached per device ordinal. */
-template <int DT> static bool have_pdl() {
-  static std::atomic<int> known[64]; /* 0 unknown, 1 yes, -1 no */
+/* A yes/no property of the current device, probed once per device ordinal
+ * (known: 0 unknown, 1 yes, -1 no); false without a current device. */
+template <class F>
+static bool per_device(std::atomic<int> (&known)[64], F probe) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -1025,17 +1026,30 @@ template <int DT> static bool have_pdl() {
   }
   if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed))
     return known[dev].load(std::memory_order_relaxed) > 0;
-  int major = 0;
-  cudaFuncAttributes fa;
-  bool ok =
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-          cudaSuccess &&
-      major >= 9 && cudaFuncGetAttributes(&fa, combine_kernel<DT>) == cudaSuccess &&
-      fa.ptxVersion >= 90;
+  const bool ok = probe(dev);
   (void)cudaGetLastError();
   if (dev >= 0 && dev < 64)
     known[dev].store(ok ? 1 : -1, std::memory_order_relaxed);
   return ok;
+}
+
+/* Whether the combine for dtype DT may be launched as a programmatic
+ * dependent on the current device: the device is sm_90 or later and the
+ * code it runs was compiled for compute_90 or later, so that it has the
+ * griddepcontrol.wait (an sm_80-only build JIT-compiled on an H100 has
+ * not, and its combine must wait for the decode kernel the ordinary way).
+ * Cached per device ordinal. */
+template <int DT> static bool have_pdl() {
+  static std::atomic<int> known[64];
+  return per_device(known, [](int dev) {
+    int major = 0;
+    cudaFuncAttributes fa;
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                  dev) == cudaSuccess &&
+           major >= 9 &&
+           cudaFuncGetAttributes(&fa, combine_kernel<DT>) == cudaSuccess &&
+           fa.ptxVersion >= 90;
+  });
 }
 
 /* Which FP8 path kvt_attnrt_set_fp8_path or KVT_ATTN_FP8_PATH asked for:
@@ -1057,26 +1071,16 @@ static bool fp8_staged() {
   }
   if (f >= 0)
     return f == 1;
-  static std::atomic<int> known[64]; /* 0 unknown, 1 staged, -1 not */
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed))
-    return known[dev].load(std::memory_order_relaxed) > 0;
-  int khz = 0, bits = 0;
-  const bool ok =
-      cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) ==
-          cudaSuccess &&
-      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) ==
-          cudaSuccess;
-  (void)cudaGetLastError();
-  /* double data rate: bytes/s = 2 x clock x bus width / 8 */
-  const bool staged = ok && 2.0 * khz * 1e3 * bits / 8.0 >= 4.0e12;
-  if (dev >= 0 && dev < 64)
-    known[dev].store(staged ? 1 : -1, std::memory_order_relaxed);
-  return staged;
+  static std::atomic<int> known[64];
+  return per_device(known, [](int dev) {
+    int khz = 0, bits = 0;
+    /* double data rate: bytes/s = 2 x clock x bus width / 8 */
+    return cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) ==
+               cudaSuccess &&
+           cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth,
+                                  dev) == cudaSuccess &&
+           2.0 * khz * 1e3 * bits / 8.0 >= 4.0e12;
+  });
 }
 
 template <int FMT, int DT, int D, bool STG>

@@ -21,8 +21,8 @@
  * needs no conversion at all (the K16V8 point); e4m3 becomes fp16 by the
  * paired hardware conversion and its per-token K scale multiplies the
  * scores, its V scale the converted values. FP8 at head_dim 128 streams
- * its tiles through shared memory first on devices of 4 TB/s or more (the
- * staged path, below) and reads them back into the same registers. INT4 has a path of its own (see
+ * its tiles through shared memory first on sm_90 devices of 4 TB/s or more
+ * (the staged path, below) and reads them back into the same registers. INT4 has a path of its own (see
  * gpu/attn_int4.cuh): group-pure tiles through shared memory, raw codes into the
  * MMA as fp16 subnormals, scales and zero points applied per group. Keys of
  * e4m3/int4 caches are multiplied with an fp16 copy of q; values of e4m3/int4
@@ -545,15 +545,18 @@ template <int U> struct page_stream {
  * arithmetic and the results are the register path's. Rows are padded so
  * that the reads back are free of bank conflicts (stg::KS, VS).
  * Measured in same-run A/Bs (bench/results/attn_staged_h200.txt): on H200s
- * FP8 is 1-4% faster staged (ncu: its long-scoreboard stalls fall from 3.2
- * to 0.1 cycles per issued instruction and it becomes bound by issue, ALU
- * pipe 62%); on an H100, with less bandwidth to wait for, 4-5% slower, as
- * the copies and reads back are more instructions. So a decode takes the
- * staged path where the device's memory bandwidth (clock x bus width) is at
- * least 4 TB/s (H200: 4.8, H100 SXM: 3.35), or as KVT_ATTN_FP8_PATH or
- * kvt_attnrt_set_fp8_path says. K16V8 gained 0.1-0.8% on one H200 and lost
- * 0.8% on another, so it keeps the register path, as do head dims 64 and
- * 256. */
+ * the final kernel is 1.0-3.8% faster staged (ncu of a first version: its
+ * long-scoreboard stalls fall from 3.2 to 0.1 cycles per issued instruction
+ * and it becomes bound by issue, ALU pipe 62%); on an H100, with less
+ * bandwidth to wait for, 3.8-4.8% slower, as the copies and reads back are
+ * more instructions. So a decode takes the staged path on sm_90 devices
+ * whose memory bandwidth (2 x memory clock x bus width) is at least 4 TB/s
+ * (H200: 4.9 by this formula, H100 SXM: 3.35), or as KVT_ATTN_FP8_PATH or
+ * kvt_attnrt_set_fp8_path says. Other devices were not measured. K16V8
+ * (swizzled-chunk versions) was -0.2 to +0.8% on two H200s and 0.7-1.3%
+ * slower on a third, so it keeps the register path, as do head dims 64 and
+ * 256. Whole-line copies assume 128-byte aligned k/v (as cudaMalloc gives;
+ * the API asks for 16). */
 template <int FMT, int DT, int D> struct stg {
   using G = geo<FMT, DT, D>;
   static constexpr bool can = D == 128 && FMT == KVT_ATTN_FP8;
@@ -678,6 +681,10 @@ stg_loop(const kvt_attn_kparams &p, const int32_t *table, uint32_t kvh,
          float &l1) {
   using S = stg<FMT, DT, D>;
   constexpr int NS = S::NS;
+  /* the register path's tile order (warp w: tiles w, w + NWARPS, ...) and
+   * its V loads with the K loads, or the two paths' bits would differ */
+  static_assert(plan<FMT, DT, D>::U == 1 && plan<FMT, DT, D>::early_v,
+                "the staged path walks the register path's tiles");
   const int g = lane / 4, t = lane % 4;
   const int32_t first = cs + warp * TILE, stride = NWARPS * TILE;
   const int nt = first < ce ? (ce - first + stride - 1) / stride : 0;
@@ -1057,8 +1064,9 @@ template <int DT> static bool have_pdl() {
 static std::atomic<int> fp8_path{-2};
 
 /* Whether an FP8 decode at head dim 128 takes the staged path on the
- * current device (see stg): as asked, else where the memory bandwidth is at
- * least 4 TB/s. Cached per device ordinal. */
+ * current device (see stg): as asked, else on sm_90 devices whose memory
+ * bandwidth is at least 4 TB/s. Cached per device ordinal. Values of
+ * KVT_ATTN_FP8_PATH other than registers / staged leave it to the device. */
 static bool fp8_staged() {
   int f = fp8_path.load(std::memory_order_relaxed);
   if (f == -2) {
@@ -1073,9 +1081,13 @@ static bool fp8_staged() {
     return f == 1;
   static std::atomic<int> known[64];
   return per_device(known, [](int dev) {
-    int khz = 0, bits = 0;
-    /* double data rate: bytes/s = 2 x clock x bus width / 8 */
-    return cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) ==
+    int major = 0, khz = 0, bits = 0;
+    /* measured on sm_90 only (H100, H200); double data rate: bytes/s =
+     * 2 x clock x bus width / 8 */
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                  dev) == cudaSuccess &&
+           major == 9 &&
+           cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) ==
                cudaSuccess &&
            cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth,
                                   dev) == cudaSuccess &&
@@ -1161,7 +1173,8 @@ extern "C" int kvt_attnrt_decode(const kvt_attn_kparams *p, void *stream) {
 }
 
 extern "C" void kvt_attnrt_set_fp8_path(int mode) {
-  fp8_path.store(mode == 0 || mode == 1 ? mode : -1, std::memory_order_relaxed);
+  /* -2: the environment is read again at the next decode */
+  fp8_path.store(mode == 0 || mode == 1 ? mode : -2, std::memory_order_relaxed);
 }
 
 extern "C" int kvt_attnrt_append(const kvt_attn_aparams *p, void *stream) {

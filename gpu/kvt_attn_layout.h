@@ -72,10 +72,11 @@ int kvt_attnrt_append(const kvt_attn_aparams *p, void *stream);
 /* Multiprocessors of the current device. */
 int kvt_attnrt_sm_count(uint32_t *n);
 /* Which path FP8 decodes at head dim 128 take, for the whole process:
- * 0 registers, 1 staged (shared-memory stages), anything else by the device
- * (staged where its memory bandwidth is at least 4 TB/s). Before the first
- * call the environment's KVT_ATTN_FP8_PATH (registers / staged) decides. For
- * tests and benches (gpu/attn_kernels.cu, "staged path"). */
+ * 0 registers, 1 staged (shared-memory stages); anything else goes back to
+ * the default: the environment's KVT_ATTN_FP8_PATH (registers / staged),
+ * read at the next decode, else the device (staged on sm_90 devices of
+ * 4 TB/s or more). A decode captured in a CUDA graph keeps the path it was
+ * captured with. For tests (gpu/attn_kernels.cu, "staged path"). */
 void kvt_attnrt_set_fp8_path(int mode);
 
 #ifdef __cplusplus

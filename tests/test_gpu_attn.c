@@ -448,7 +448,10 @@ static errs run_case(int format, int dtype, uint32_t D, uint32_t bs, uint32_t H,
   hc_init(&c, format, dtype, pages + 3, bs, H, D);
   /* Slots no sequence fills (the ends of last pages, spare pages) hold
    * NaN: 0xFF is NaN as an e4m3 code, a 16-bit value, an fp32 scale and
-   * an i4 group's fp16 scale and zero. A decode must not read them. */
+   * an i4 group's fp16 scale and zero. A decode must not let them reach
+   * the output (the register paths never read them; INT4 and the staged
+   * FP8 path copy a last tile's rows past the end and mask or replace
+   * them). */
   const size_t rows = slots_of(&c) * H;
   memset(c.kc, 0xFF, rows * c.krow), memset(c.vc, 0xFF, rows * c.vrow);
   memset(c.ks, 0xFF, rows * c.ksc), memset(c.vs, 0xFF, rows * c.vsc);

@@ -83,11 +83,13 @@ static void writer_end(pid_t pid, int sub, int slot, int timeout_ms) {
 typedef struct crew {
   int sub, n;
   pid_t pid[CK_SLOTS];
+  uint64_t opened0[CK_SLOTS]; /* ck->opened[sub][slot] before its start */
   int64_t end_ms;
 } crew;
 
 static void crew_start(crew *c, int slot) {
   double left = (double)(c->end_ms - ck_now_ms()) / 1000.0;
+  c->opened0[slot] = __atomic_load_n(&ck->opened[c->sub][slot], __ATOMIC_SEQ_CST);
   c->pid[slot] = writer_start(c->sub, slot, left > 0.3 ? left : 0.3, 0);
 }
 
@@ -114,6 +116,15 @@ static void crew_finish(crew *c) {
 
 static void pause_random(void) {
   ck_sleep_ms(200 + (int64_t)ck_rand_below(ck_opt.mode == CK_LONG ? 1500 : 600));
+}
+
+/* A random pause, then whether a round still fits before end_ms - 400: the
+ * writers end at end_ms, and a round begun after the pause without asking
+ * could find them gone (an intruder then opened a directory nobody held, and
+ * the -EBUSY check failed: seed 2082145424223241842, --short). */
+static int pause_then_time_left(int64_t end_ms) {
+  pause_random();
+  return ck_now_ms() < end_ms - 400;
 }
 
 /* ---- phase bookkeeping ---- */
@@ -191,6 +202,13 @@ static void disk_round(crew *c, int *fifos) {
     }
   } else { /* a second process opens a live directory, as `kvtier store` does */
     const int slot = (int)ck_rand_below((uint64_t)c->n);
+    /* Live: its writer, restarted by an earlier round, has opened it (a
+     * writer still starting holds nothing, and an intruder opening first is
+     * no fault; such a start once failed the -EBUSY check). */
+    if (!writer_opened(c->sub, slot, c->opened0[slot], 10000)) {
+      ck_trace("no intruder: %s has not opened its store", writer_name(c->sub, slot));
+      return;
+    }
     const pid_t pid = ck_intruder(ck_e.dir[c->sub][slot], (int)ck_rand_below(CK_NINTRUDER));
     ck_wait_ok(pid, 60000, "an intruder");
   }
@@ -203,7 +221,8 @@ static void disk_phase(int sub, double budget_s) {
     crew_start(&c, s);
   int fifos = 0;
   while (ck_now_ms() < c.end_ms - 400) {
-    pause_random();
+    if (!pause_then_time_left(c.end_ms))
+      break;
     disk_round(&c, &fifos);
   }
   crew_finish(&c);
@@ -252,7 +271,8 @@ static void test_redis_tier_never_returns_flipped_or_planted_values(void **state
   for (int s = 0; s < c.n; s++)
     crew_start(&c, s);
   while (ck_now_ms() < c.end_ms - 400) {
-    pause_random();
+    if (!pause_then_time_left(c.end_ms))
+      break;
     const int slot = (int)ck_rand_below((uint64_t)c.n);
     crew_kill(&c, slot);
     ck_fault_redis(slot, 1 + (int)ck_rand_below(5));
@@ -305,7 +325,8 @@ static void test_server_keeps_acknowledged_values_through_kill9_and_disk_faults(
   for (int s = 0; s < c.n; s++)
     crew_start(&c, s);
   while (ck_now_ms() < c.end_ms - 400 && srv > 0) {
-    pause_random();
+    if (!pause_then_time_left(c.end_ms))
+      break;
     server_round(&c, &srv);
   }
   for (int s = 0; s < c.n; s++)

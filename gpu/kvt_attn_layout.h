@@ -76,7 +76,7 @@ int kvt_attnrt_sm_count(uint32_t *n);
  * the default: the environment's KVT_ATTN_FP8_PATH (registers / staged),
  * read at the next decode, else the device (staged on sm_90 devices of
  * 4 TB/s or more). A decode captured in a CUDA graph keeps the path it was
- * captured with. For tests (gpu/attn_kernels.cu, "staged path"). */
+ * captured with. For tests (gpu/attn_staged.cuh). */
 void kvt_attnrt_set_fp8_path(int mode);
 
 #ifdef __cplusplus

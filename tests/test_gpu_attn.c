@@ -745,7 +745,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_attn_append_writes_codec_bytes),
   };
   /* FP8 at head dim 128 has two kernel paths, chosen by the device: every
-   * test runs on both (gpu/attn_kernels.cu, "staged path") */
+   * test runs on both (gpu/attn_staged.cuh) */
   kvt_attnrt_set_fp8_path(fp8_path = 0);
   int rc = cmocka_run_group_tests_name("fp8 register path", tests, NULL, NULL);
   kvt_attnrt_set_fp8_path(fp8_path = 1);
